@@ -1,0 +1,54 @@
+# Entry points. `make demo` and `make test` set up a fresh machine themselves (see README).
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+PY         ?= python3
+JOBS       ?= $(shell nproc)
+CMAKE_GEN  := -G Ninja
+
+.PHONY: all deps build test test-cpp test-asan test-python demo bench fuzz clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Every test: C++ (plain and under ASan+UBSan), then Python.
+test: test-cpp test-asan test-python
+
+test-cpp: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTZ_SANITIZE=address,undefined
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+
+test-python: build
+	@if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then \
+	  bash scripts/test-python.sh; \
+	else echo "no Python tests yet"; fi
+
+# The main job: save and load a model-sized file, printing throughput.
+demo: build
+	$(BUILD)/tensorizer bench --size-mb $${DEMO_SIZE_MB:-1024}
+
+bench: build
+	bash bench/run.sh
+
+# libFuzzer on the header/index parser: FUZZ_SECONDS (default 600).
+fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DTZ_FUZZ=ON -DTZ_TESTS=OFF -DTZ_CLI=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	mkdir -p fuzz/corpus-run && cp fuzz/corpus/* fuzz/corpus-run/ 2>/dev/null || true
+	$(FUZZ_BUILD)/fuzz_index -max_total_time=$${FUZZ_SECONDS:-600} -print_final_stats=1 \
+	  -max_len=4096 fuzz/corpus-run fuzz/corpus
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,0 +1,93 @@
+// tensorizer/reader.h — open a .tensors object and load tensors into caller memory.
+//
+// Reader::open reads the prelude and the whole index in one or two small reads and validates
+// them (hostile input fails with an Error, never a crash). load() then fills caller-provided
+// buffers: the planner cuts the requested tensors into contiguous byte ranges, N workers read
+// them in parallel straight into the destinations (one copy, from the transport into the final
+// memory), decrypt chunk by chunk and check hashes when asked. Meta tensors are zero-filled.
+//
+// Thread-safety: a Reader is used by one thread at a time (load() runs its own workers);
+// entries() and header() may be read concurrently once open() returned.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorizer/crypto.h"
+#include "tensorizer/format.h"
+#include "tensorizer/transport.h"
+
+namespace tensorizer {
+
+struct ReaderOptions {
+  TransportOptions transport;
+  std::optional<DecryptionParams> decryption;  // required iff the file is encrypted
+  bool without_key = false;  // open an encrypted file with no key, to inspect it (no loads)
+};
+
+struct TensorDestination {
+  size_t entry;  // index into Reader::entries()
+  void* data;    // entries()[entry].expected_bytes() writable bytes
+};
+
+struct LoadOptions {
+  int num_workers = 0;        // 0 = one per usable CPU core (at least 2 for remote sources)
+  bool verify_hash = false;   // recompute CRC32/SHA-256 and compare
+  bool collect_mismatches = false;  // with verify_hash: report mismatches instead of throwing
+};
+
+struct LoadResult {
+  uint64_t bytes_read = 0;               // bytes moved from the source by this load
+  std::vector<std::string> mismatches;   // with collect_mismatches: one message per failed tensor
+};
+
+// What load() learned from a tensor's own header.
+struct LoadedTensorInfo {
+  uint16_t module_idx = 0;
+  std::string header_bytes;  // the raw header, as on disk
+  TensorHeader header;       // parsed
+};
+
+class Reader {
+ public:
+  static std::unique_ptr<Reader> open(const std::string& uri, const ReaderOptions& options = {});
+  static std::unique_ptr<Reader> open(std::unique_ptr<Source> source,
+                                      const ReaderOptions& options = {});
+  ~Reader();
+
+  const FileHeader& header() const;
+  const std::vector<IndexEntry>& entries() const;
+  const std::string& uri() const;
+  bool encrypted() const { return header().has_crypt_info(); }
+  // Index of the entry whose on-disk name is `name`, if any.
+  std::optional<size_t> find(std::string_view name) const;
+
+  // Loads the given tensors. Throws Error naming the tensor, URI and offset on failure; then the
+  // content of every destination is unspecified.
+  LoadResult load(const std::vector<TensorDestination>& destinations, const LoadOptions& options = {});
+  // Loads every tensor into scratch memory (bounded) and checks every stored hash; returns one
+  // message per mismatch (empty when all match).
+  std::vector<std::string> verify_all(int num_workers = 0);
+
+  // Reads, checks and caches one tensor's own header (module index, stored hashes, crypt info).
+  const LoadedTensorInfo& read_header(size_t entry);
+  // Header details of a tensor that has been loaded or had its header read (nullptr before).
+  const LoadedTensorInfo* loaded_info(size_t entry) const;
+  Source& source();
+  uint64_t bytes_read() const;
+
+  struct Impl;  // opaque; defined in reader.cc
+
+ private:
+  explicit Reader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Usable CPU cores of this process (affinity and cgroup quota aware), at least 1.
+int usable_cores();
+
+}  // namespace tensorizer

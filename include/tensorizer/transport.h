@@ -1,0 +1,102 @@
+// tensorizer/transport.h — the one interface every byte source and sink implements.
+//
+// A Source is a random-access, read-only view of one .tensors object (local file, memory, HTTP,
+// S3, Redis). A Sink is where a writer puts one; it becomes visible at its final location only
+// on commit(), so a crash or error never leaves something that looks complete. Transports know
+// nothing of tensors. Thread-safety: read_scatter() on one Source may be called from several
+// threads at once; clone() gives another worker its own connection where that matters.
+// write_at() on one Sink may be called concurrently for disjoint ranges.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tensorizer {
+
+// One destination (or origin) buffer of a scatter/gather transfer.
+struct IoSlice {
+  void* data;
+  size_t size;
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Total size of the object in bytes.
+  virtual uint64_t size() = 0;
+  // Reads the contiguous byte range starting at `offset` into the slices in order (their sizes
+  // add up to the range length). Reads fully or throws Error (kIO, kNotFound, or kFormat when the
+  // range runs past the end of the object). Retries transient failures internally.
+  virtual void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) = 0;
+  // A handle for another concurrent reader of the same object (may share the underlying file).
+  virtual std::unique_ptr<Source> clone() = 0;
+  // The URI or path, for messages. Never contains credentials.
+  virtual const std::string& uri() const = 0;
+  // Bytes delivered so far by this handle and its clones.
+  virtual uint64_t bytes_read() const = 0;
+  // How many concurrent readers this source serves best; 0 = one per CPU core.
+  virtual int preferred_readers() const { return 0; }
+
+  void read_at(uint64_t offset, void* dst, size_t size) {
+    IoSlice s{dst, size};
+    read_scatter(offset, &s, 1);
+  }
+};
+
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  // Writes `count` slices contiguously starting at `offset`.
+  virtual void write_gather(uint64_t offset, const IoSlice* slices, size_t count) = 0;
+  // Hint: the final object will be about `size` bytes (lets a file sink preallocate).
+  virtual void reserve(uint64_t size) { (void)size; }
+  // Makes the complete object visible at its final location (rename, upload). Once only.
+  virtual void commit() = 0;
+  // Discards everything written; the final location is left as it was. Safe to call twice.
+  virtual void abort() = 0;
+  virtual const std::string& uri() const = 0;
+
+  void write_at(uint64_t offset, const void* data, size_t size) {
+    IoSlice s{const_cast<void*>(data), size};
+    write_gather(offset, &s, 1);
+  }
+};
+
+// Options for every transport; each transport reads the fields that concern it.
+struct TransportOptions {
+  // HTTP(S)
+  std::string ca_file;           // custom CA bundle (curl CAINFO)
+  std::string ca_path;           // custom CA directory (curl CAPATH)
+  bool allow_untrusted = false;  // skip certificate verification
+  std::vector<std::string> http_headers;  // extra request headers, "Name: value"
+  // S3 (spec §5.4); unset optionals are resolved from config files and the environment.
+  std::optional<std::string> s3_access_key_id;
+  std::optional<std::string> s3_secret_access_key;
+  std::optional<std::string> s3_session_token;
+  std::optional<std::string> s3_endpoint;
+  std::optional<std::string> s3_config_path;
+  std::optional<std::string> s3_region;
+  std::optional<std::string> s3_profile;
+  std::optional<bool> force_http;
+  // Resilience
+  double connect_timeout_s = 10;
+  double stall_timeout_s = 30;  // no progress for this long counts as a failure
+  int max_retries = 8;          // per range, with exponential backoff
+  // Local files
+  bool sync_on_commit = false;  // fsync before the rename that publishes a written file
+};
+
+// Opens a source for a local path or a URI (file://, http://, https://, s3://, redis://).
+std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options = {});
+// Opens a sink for a local path or a URI (s3://, redis://).
+std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options = {});
+
+// A source over bytes already in memory (tests, Python file-like objects). Shares the buffer.
+std::unique_ptr<Source> make_memory_source(std::shared_ptr<const std::string> bytes,
+                                           std::string name = "<memory>");
+
+}  // namespace tensorizer

@@ -1,0 +1,30 @@
+// Subcommands of the tensorizer CLI; each registers itself on the CLI11 app and runs from
+// its callback. Exit codes: 0 success, 1 verification failed, 2 error.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "tensorizer/reader.h"
+
+namespace tensorizer::cli {
+
+struct CommonOptions {
+  std::string key_file;         // 32 raw key bytes, for encrypted files
+  std::string passphrase_env;   // name of an environment variable holding a passphrase
+  int workers = 0;
+};
+
+// Adds --key-file / --passphrase-env / --workers to a subcommand.
+void add_common_options(CLI::App* cmd, CommonOptions& common);
+// Reader options built from the common flags.
+ReaderOptions reader_options(const CommonOptions& common);
+
+void register_inspect(CLI::App& app, CommonOptions& common);
+void register_verify(CLI::App& app, CommonOptions& common);
+void register_bench(CLI::App& app);
+
+void set_exit_code(int code);
+int exit_code();
+
+}  // namespace tensorizer::cli

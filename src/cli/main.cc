@@ -1,0 +1,29 @@
+// The `tensorizer` command-line program: a small layer over the C++ API.
+//
+//   tensorizer inspect FILE [--json]   header, flags and every tensor
+//   tensorizer verify FILE             recompute every hash; exit 0 only if all match
+//   tensorizer bench [--size-mb N]     write + load a synthetic model, print GB/s
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "tensorizer/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tensorizer: inspect, verify and move .tensors files"};
+  app.require_subcommand(1);
+  tensorizer::cli::CommonOptions common;
+  tensorizer::cli::register_inspect(app, common);
+  tensorizer::cli::register_verify(app, common);
+  tensorizer::cli::register_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tensorizer::Error& e) {
+    std::fprintf(stderr, "tensorizer: %s: %s\n", tensorizer::error_code_name(e.code()), e.what());
+    return 2;
+  }
+  return tensorizer::cli::exit_code();
+}

@@ -1,0 +1,360 @@
+// Reader: opens a .tensors source, plans and runs parallel loads into caller memory.
+#include "tensorizer/reader.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "crypto/tensor_crypto.h"
+#include "engine/planner.h"
+#include "tensorizer/error.h"
+#include "tensorizer/hash.h"
+
+namespace tensorizer {
+namespace {
+
+constexpr uint64_t kFirstReadBytes = 512 * 1024;      // prelude + a reference-sized index
+constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
+
+std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr(0, 200); }
+
+// Re-throws `err` with the tensor and source it concerns prepended.
+[[noreturn]] void rethrow_with_context(const Error& err, const std::string& context) {
+  throw Error(err.code(), context + ": " + err.what());
+}
+
+}  // namespace
+
+int usable_cores() {
+  int n = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  std::ifstream f("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  uint64_t period = 0;
+  if (f >> quota >> period && quota != "max" && period > 0) {
+    uint64_t q = std::stoull(quota);
+    n = std::min<int>(n, static_cast<int>((q + period - 1) / period));
+  }
+  return std::max(n, 1);
+}
+
+struct Reader::Impl {
+  std::unique_ptr<Source> source;
+  FileHeader header;
+  std::vector<IndexEntry> entries;
+  std::unordered_map<std::string_view, size_t> by_name;
+  std::optional<DecryptionParams> decryption;
+  crypto::KeyCache key_cache;
+  std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
+};
+
+Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Reader::~Reader() = default;
+
+std::unique_ptr<Reader> Reader::open(const std::string& uri, const ReaderOptions& options) {
+  return open(open_source(uri, options.transport), options);
+}
+
+std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const ReaderOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  const std::string uri = source->uri();
+  try {
+    const uint64_t size = source->size();
+    if (size < kMagicSize) fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
+    std::string head(std::min(size, kFirstReadBytes), '\0');
+    source->read_at(0, head.data(), head.size());
+    impl->header = parse_file_header(reinterpret_cast<const uint8_t*>(head.data()), head.size());
+    const FileHeader& h = impl->header;
+    if (h.has_crypt_info() && !options.decryption && !options.without_key)
+      fail(ErrorCode::kCrypto, "the file is encrypted, but no decryption key or passphrase was given");
+    if (options.decryption && !h.has_crypt_info())
+      fail(ErrorCode::kCrypto,
+           h.version < kEncryptionVersion
+               ? "decryption was requested, but the file's data version " + std::to_string(h.version) +
+                     " predates encryption, so it is not encrypted"
+               : std::string("decryption was requested, but the file is not flagged as encrypted"));
+    if (h.index_size > size - std::min(size, kPreludeSize))
+      fail(ErrorCode::kFormat, "index size " + std::to_string(h.index_size) +
+                                   " runs past the end of the file (" + std::to_string(size) + " bytes)");
+    const uint64_t index_end = kPreludeSize + h.index_size;
+    if (index_end > head.size()) {
+      // A larger index than the reference's: fetch the rest in one more read.
+      size_t have = head.size();
+      head.resize(index_end);
+      source->read_at(have, head.data() + have, index_end - have);
+    }
+    impl->entries = parse_index(reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize,
+                                head.size() - kPreludeSize, h, size);
+  } catch (const Error& err) {
+    rethrow_with_context(err, "'" + uri + "'");
+  }
+  impl->source = std::move(source);
+  impl->decryption = options.decryption;
+  impl->loaded.resize(impl->entries.size());
+  for (size_t i = 0; i < impl->entries.size(); ++i) impl->by_name.emplace(impl->entries[i].name, i);
+  return std::unique_ptr<Reader>(new Reader(std::move(impl)));
+}
+
+const FileHeader& Reader::header() const { return impl_->header; }
+const std::vector<IndexEntry>& Reader::entries() const { return impl_->entries; }
+const std::string& Reader::uri() const { return impl_->source->uri(); }
+Source& Reader::source() { return *impl_->source; }
+uint64_t Reader::bytes_read() const { return impl_->source->bytes_read(); }
+const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
+  return entry < impl_->loaded.size() ? impl_->loaded[entry].get() : nullptr;
+}
+
+const LoadedTensorInfo& Reader::read_header(size_t entry) {
+  if (entry >= impl_->entries.size())
+    fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
+  const IndexEntry& e = impl_->entries[entry];
+  auto info = std::make_unique<LoadedTensorInfo>();
+  try {
+    info->header_bytes.resize(e.header_size());
+    impl_->source->read_at(e.header_offset, info->header_bytes.data(), info->header_bytes.size());
+    info->header = parse_tensor_header(reinterpret_cast<const uint8_t*>(info->header_bytes.data()),
+                                       info->header_bytes.size(), impl_->header.has_crypt_info(),
+                                       e.long_shape());
+    check_header_matches_entry(info->header, e);
+  } catch (const Error& err) {
+    rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "'");
+  }
+  info->module_idx = info->header.module_idx;
+  impl_->loaded[entry] = std::move(info);
+  return *impl_->loaded[entry];
+}
+
+std::optional<size_t> Reader::find(std::string_view name) const {
+  auto it = impl_->by_name.find(name);
+  if (it == impl_->by_name.end()) return std::nullopt;
+  return it->second;
+}
+
+namespace {
+
+// One load in flight: the plan, the destinations, and what the workers share.
+class LoadJob {
+ public:
+  LoadJob(Reader::Impl& r, const std::vector<TensorDestination>& dests, const LoadOptions& opt)
+      : r_(r), opt_(opt), dests_(dests) {}
+
+  LoadResult run() {
+    const uint64_t before = r_.source->bytes_read();
+    std::sort(dests_.begin(), dests_.end(), [&](const TensorDestination& a, const TensorDestination& b) {
+      return r_.entries[a.entry].header_offset < r_.entries[b.entry].header_offset;
+    });
+    std::vector<engine::PlannedTensor> planned;
+    planned.reserve(dests_.size());
+    const bool splittable = !opt_.verify_hash && !r_.header.has_crypt_info();
+    for (const auto& d : dests_) {
+      const IndexEntry& e = r_.entries[d.entry];
+      planned.push_back({e.header_offset, e.header_size(), e.data_length, splittable});
+    }
+    items_ = engine::plan_reads(planned, {});
+    int workers = opt_.num_workers > 0 ? opt_.num_workers : r_.source->preferred_readers();
+    if (workers <= 0) workers = usable_cores();
+    workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
+    if (workers == 1) {
+      work(*r_.source);
+    } else {
+      std::vector<std::thread> threads;
+      std::vector<std::unique_ptr<Source>> handles;
+      for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
+      for (auto& h : handles) threads.emplace_back([this, src = h.get()] { work(*src); });
+      work(*r_.source);
+      for (auto& t : threads) t.join();
+    }
+    if (error_) std::rethrow_exception(error_);
+    LoadResult result;
+    result.bytes_read = r_.source->bytes_read() - before;
+    result.mismatches = std::move(mismatches_);
+    return result;
+  }
+
+ private:
+  void work(Source& src) {
+    std::vector<std::string> header_scratch;
+    std::vector<IoSlice> slices;
+    for (;;) {
+      if (cancelled_.load(std::memory_order_relaxed)) return;
+      size_t i = next_.fetch_add(1);
+      if (i >= items_.size()) return;
+      const engine::ReadItem& item = items_[i];
+      size_t current = item.segments[0].tensor;  // the tensor an error concerns
+      try {
+        read_item(src, item, header_scratch, slices, current);
+      } catch (const Error& err) {
+        record_error(err, current);
+        return;
+      } catch (const std::exception& err) {
+        record_error(Error(ErrorCode::kIO, err.what()), current);
+        return;
+      }
+    }
+  }
+
+  void read_item(Source& src, const engine::ReadItem& item, std::vector<std::string>& scratch,
+                 std::vector<IoSlice>& slices, size_t& current) {
+    slices.clear();
+    scratch.resize(item.segments.size());
+    for (size_t k = 0; k < item.segments.size(); ++k) {
+      const engine::Segment& s = item.segments[k];
+      if (s.is_header) {
+        scratch[k].resize(s.length);
+        slices.push_back({scratch[k].data(), s.length});
+      } else {
+        slices.push_back({static_cast<uint8_t*>(dests_[s.tensor].data) + s.begin, s.length});
+      }
+    }
+    src.read_scatter(item.offset, slices.data(), slices.size());
+    for (size_t k = 0; k < item.segments.size(); ++k) {
+      const engine::Segment& s = item.segments[k];
+      current = s.tensor;
+      if (s.is_header) on_header(s.tensor, std::move(scratch[k]));
+      if (s.last_of_tensor) on_tensor_complete(s.tensor);
+    }
+  }
+
+  void on_header(size_t t, std::string bytes) {
+    const TensorDestination& d = dests_[t];
+    const IndexEntry& e = r_.entries[d.entry];
+    auto info = std::make_unique<LoadedTensorInfo>();
+    info->header_bytes = std::move(bytes);
+    const auto* raw = reinterpret_cast<const uint8_t*>(info->header_bytes.data());
+    info->header = parse_tensor_header(raw, info->header_bytes.size(), r_.header.has_crypt_info(),
+                                       e.long_shape());
+    check_header_matches_entry(info->header, e);
+    info->module_idx = info->header.module_idx;
+    if (e.is_meta()) std::memset(d.data, 0, e.expected_bytes());
+    r_.loaded[d.entry] = std::move(info);
+  }
+
+  void on_tensor_complete(size_t t) {
+    const TensorDestination& d = dests_[t];
+    const IndexEntry& e = r_.entries[d.entry];
+    const LoadedTensorInfo& info = *r_.loaded[d.entry];
+    auto* data = static_cast<uint8_t*>(d.data);
+    if (info.header.has_crypt_field) {
+      auto dec = crypto::TensorDecryptor::create(info.header.crypt_info(
+                                                     reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
+                                                 e.data_length, *r_.decryption, r_.key_cache);
+      if (!dec && e.data_length > 0)
+        fail(ErrorCode::kCrypto, "tensor is not encrypted, but the file is and decryption was requested");
+      if (dec) {
+        const uint64_t cs = dec->chunk_size();
+        for (uint64_t off = 0, i = 0; off < e.data_length; off += cs, ++i)
+          dec->decrypt_chunk(i, data + off, std::min(cs, e.data_length - off));
+      }
+    }
+    if (opt_.verify_hash) verify(e, info, data, e.data_length);
+  }
+
+  void verify(const IndexEntry& e, const LoadedTensorInfo& info, const uint8_t* data, uint64_t size) {
+    const TensorHeader& h = info.header;
+    const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+    bool crc = false, sha = false;
+    for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
+    if (!crc && !sha) return;
+    TensorHasher hasher(crc, sha, hashable_header(raw, info.header_bytes.size(), h));
+    hasher.update(data, size);
+    hasher.finish();
+    std::string failures;
+    for (const auto& hv : h.hashes) {
+      std::string stored = to_hex(raw + hv.value_offset, hv.value_size), computed;
+      if (hv.type == HashType::kCrc32) {
+        uint32_t c = hasher.crc32();
+        uint8_t le[4];
+        std::memcpy(le, &c, 4);
+        computed = to_hex(le, 4);
+      } else {
+        computed = to_hex(hasher.sha256().data(), 32);
+      }
+      if (stored == computed) continue;
+      failures += std::string(failures.empty() ? "" : "; ") +
+                  (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") + " stored " + stored +
+                  ", computed " + computed;
+    }
+    if (failures.empty()) return;
+    if (!opt_.collect_mismatches) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
+    std::lock_guard<std::mutex> lock(mu_);
+    mismatches_.push_back("tensor '" + shown_name(e) + "': " + failures);
+  }
+
+  void record_error(const Error& err, size_t tensor) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (error_) return;
+    const IndexEntry& e = r_.entries[dests_[tensor].entry];
+    try {
+      rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + r_.source->uri() +
+                                    "' (header at offset " + std::to_string(e.header_offset) + ")");
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+
+  Reader::Impl& r_;
+  const LoadOptions& opt_;
+  std::vector<TensorDestination> dests_;
+  std::vector<engine::ReadItem> items_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::exception_ptr error_;
+  std::vector<std::string> mismatches_;
+};
+
+}  // namespace
+
+LoadResult Reader::load(const std::vector<TensorDestination>& destinations, const LoadOptions& options) {
+  std::vector<bool> seen(impl_->entries.size(), false);
+  for (const auto& d : destinations) {
+    if (d.entry >= impl_->entries.size())
+      fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(d.entry) + " out of range");
+    if (seen[d.entry])
+      fail(ErrorCode::kInvalidArgument, "tensor '" + shown_name(impl_->entries[d.entry]) + "' requested twice");
+    seen[d.entry] = true;
+    if (!d.data && impl_->entries[d.entry].expected_bytes() > 0)
+      fail(ErrorCode::kInvalidArgument, "no destination for tensor '" + shown_name(impl_->entries[d.entry]) + "'");
+  }
+  if (destinations.empty()) return {};
+  if (encrypted() && !impl_->decryption)
+    fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
+  return LoadJob(*impl_, destinations, options).run();
+}
+
+std::vector<std::string> Reader::verify_all(int num_workers) {
+  std::vector<std::string> mismatches;
+  LoadOptions opt;
+  opt.num_workers = num_workers;
+  opt.verify_hash = true;
+  opt.collect_mismatches = true;
+  size_t i = 0;
+  const auto& entries = impl_->entries;
+  while (i < entries.size()) {
+    uint64_t batch_bytes = 0;
+    size_t j = i;
+    while (j < entries.size() && (j == i || batch_bytes + entries[j].expected_bytes() <= kVerifyBatchBytes))
+      batch_bytes += entries[j++].expected_bytes();
+    std::unique_ptr<uint8_t[]> scratch(new uint8_t[std::max<uint64_t>(batch_bytes, 1)]);
+    std::vector<TensorDestination> dests;
+    uint64_t off = 0;
+    for (size_t k = i; k < j; ++k) {
+      dests.push_back({k, scratch.get() + off});
+      off += entries[k].expected_bytes();
+    }
+    LoadResult r = load(dests, opt);
+    mismatches.insert(mismatches.end(), r.mismatches.begin(), r.mismatches.end());
+    i = j;
+  }
+  return mismatches;
+}
+
+}  // namespace tensorizer

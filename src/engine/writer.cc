@@ -1,0 +1,273 @@
+// Writer: lays out, hashes and writes tensors into a Sink (see tensorizer/writer.h).
+#include "tensorizer/writer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "codec/bytes.h"
+#include "codec/path_rules.h"
+#include "tensorizer/dtype.h"
+#include "tensorizer/error.h"
+#include "tensorizer/hash.h"
+#include "tensorizer/reader.h"
+
+namespace tensorizer {
+namespace {
+
+constexpr uint64_t kHashPieceBytes = 8ull << 20;  // hash then write in pieces, cache-warm
+constexpr uint64_t kLongDim = uint64_t{1} << 32;
+
+uint64_t round_up(uint64_t v, uint64_t m) { return m <= 1 ? v : (v + m - 1) / m * m; }
+
+// One tensor of a batch, laid out.
+struct Planned {
+  const WriteRequest* req;
+  IndexEntry entry;
+  EncodedTensorHeader header;
+};
+
+}  // namespace
+
+struct Writer::Impl {
+  std::unique_ptr<Sink> sink;
+  WriterOptions options;
+  FileHeader header;
+  std::vector<IndexEntry> entries;
+  codec::PathRules paths;
+  uint64_t cursor = 0;  // end of the last tensor's data
+  bool started = false;
+  bool closed = false;
+  bool failed = false;
+
+  uint64_t index_bytes(bool versioned) const {
+    uint64_t n = 0;
+    for (const auto& e : entries) n += index_entry_size(e, versioned);
+    return n;
+  }
+  void sync();
+  void write_tensors(std::vector<Planned>& batch);
+};
+
+Writer::Writer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Writer::~Writer() {
+  if (!impl_->closed) {
+    try {
+      if (impl_->failed) abort();
+      else close();
+    } catch (...) {
+      // A destructor must not throw; the sink's own destructor discards what is left.
+    }
+  }
+}
+
+std::unique_ptr<Writer> Writer::open(const std::string& uri, const WriterOptions& options) {
+  return open(open_sink(uri, options.transport), options);
+}
+
+std::unique_ptr<Writer> Writer::open(std::unique_ptr<Sink> sink, const WriterOptions& options) {
+  if (options.encryption)
+    fail(ErrorCode::kUnsupported, "encryption is not supported by this build");
+  auto impl = std::make_unique<Impl>();
+  impl->sink = std::move(sink);
+  impl->options = options;
+  impl->header.version = 1;
+  return std::unique_ptr<Writer>(new Writer(std::move(impl)));
+}
+
+const FileHeader& Writer::header() const { return impl_->header; }
+const std::string& Writer::uri() const { return impl_->sink->uri(); }
+
+void Writer::write(const std::vector<WriteRequest>& tensors) {
+  Impl& w = *impl_;
+  if (w.closed) fail(ErrorCode::kInvalidArgument, "write to a closed writer ('" + w.sink->uri() + "')");
+  if (w.failed) fail(ErrorCode::kIO, "an earlier write to '" + w.sink->uri() + "' failed");
+  if (tensors.empty()) return;
+
+  // 1. Validate everything and work out the version before touching the sink.
+  FileHeader next = w.header;
+  codec::PathRules trial_paths;  // names inside this batch
+  std::vector<Planned> batch;
+  batch.reserve(tensors.size());
+  for (const WriteRequest& r : tensors) {
+    Planned p{&r, {}, {}};
+    IndexEntry& e = p.entry;
+    e.path = r.path;
+    e.name = encode_path(r.path);
+    const std::string label = "tensor '" + display_path(r.path).substr(0, 200) + "'";
+    if (e.name.size() > 0xffff) fail(ErrorCode::kInvalidArgument, label + ": name longer than 65535 bytes");
+    if (r.type != TensorType::kStateDict && !r.path.is_plain())
+      fail(ErrorCode::kInvalidArgument, label + ": structured names need tensor type STATE_DICT");
+    if (r.dtype.size() > 255) fail(ErrorCode::kInvalidArgument, label + ": dtype string too long");
+    if (r.shape.size() > 255) fail(ErrorCode::kInvalidArgument, label + ": more than 255 dimensions");
+    DType dt;
+    try {
+      dt = parse_dtype(r.dtype);
+    } catch (const Error& err) {
+      fail(ErrorCode::kInvalidArgument, label + ": " + err.what());
+    }
+    w.paths.check(r.path, label, ErrorCode::kInvalidArgument);
+    trial_paths.add(r.path, label, ErrorCode::kInvalidArgument);
+    e.type = r.type;
+    e.dtype = r.dtype;
+    e.shape = r.shape;
+    const bool long_dims = std::any_of(r.shape.begin(), r.shape.end(), [](uint64_t d) { return d >= kLongDim; });
+    e.entry_version = long_dims ? kLongDimsVersion : 1;
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(e.num_elements(), uint64_t{dt.itemsize}, &bytes))
+      fail(ErrorCode::kInvalidArgument, label + ": size overflows 64 bits");
+    e.data_length = r.meta ? 0 : bytes;
+    if (e.data_length > 0 && !r.data) fail(ErrorCode::kInvalidArgument, label + ": no data");
+    next.version = std::max(next.version, dt.min_version());
+    if (r.meta && bytes > 0) next.version = std::max(next.version, kMetaVersion);
+    if (long_dims) {
+      next.version = std::max(next.version, kLongDimsVersion);
+      next.flags |= kFlagVersionedEntries;
+    }
+    batch.push_back(std::move(p));
+  }
+
+  // 2. Lay out: index on first write, then headers and data back to back.
+  const bool versioned = next.versioned_entries();
+  uint64_t index_needed = w.index_bytes(versioned);
+  for (const auto& p : batch) index_needed += index_entry_size(p.entry, versioned);
+  if (!w.started) {
+    next.index_size = std::max(w.options.index_reserve, round_up(index_needed + index_needed / 4, 4096));
+    w.cursor = kPreludeSize + next.index_size;
+  } else if (index_needed > next.index_size) {
+    fail(ErrorCode::kInvalidArgument,
+         "metadata overflow: the index of '" + w.sink->uri() + "' was sized to " +
+             std::to_string(next.index_size) + " bytes on the first write and " +
+             std::to_string(index_needed) +
+             " are needed; write all tensors in one call or raise WriterOptions::index_reserve");
+  }
+  uint64_t cursor = w.cursor;
+  for (auto& p : batch) {
+    IndexEntry& e = p.entry;
+    TensorHeaderFields f;
+    f.module_idx = p.req->module_idx;
+    f.type = e.type;
+    f.name = e.name;
+    f.dtype = e.dtype;
+    f.shape = &e.shape;
+    f.long_shape = e.long_shape();
+    f.crc32 = f.sha256 = w.options.hashes;
+    f.data_length = e.data_length;
+    const uint64_t align = e.data_length >= w.options.large_threshold ? w.options.large_alignment
+                                                                      : w.options.alignment;
+    p.header = encode_tensor_header(f, cursor, align);
+    e.header_offset = cursor;
+    e.data_offset = cursor + p.header.bytes.size();
+    cursor = e.data_offset + e.data_length;
+  }
+
+  // 3. Hash and write (parallel), then publish the new index and header.
+  try {
+    if (!w.started) w.sink->reserve(cursor + 8);
+    w.started = true;
+    w.header = next;
+    w.write_tensors(batch);
+    for (auto& p : batch) {
+      w.paths.add(p.entry.path, "tensor", ErrorCode::kInvalidArgument);
+      w.header.tensor_size += p.entry.data_length;
+      w.entries.push_back(std::move(p.entry));
+    }
+    w.header.tensor_count = w.entries.size();
+    w.cursor = cursor;
+    w.sync();
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
+  int workers = options.num_workers > 0 ? options.num_workers : usable_cores();
+  workers = std::max(1, std::min<int>(workers, static_cast<int>(batch.size())));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  std::exception_ptr error;
+  auto work = [&] {
+    for (;;) {
+      size_t i = next.fetch_add(1);
+      if (i >= batch.size() || cancelled) return;
+      Planned& p = batch[i];
+      try {
+        const auto* data = static_cast<const uint8_t*>(p.req->data);
+        const uint64_t len = p.entry.data_length;
+        EncodedTensorHeader& h = p.header;
+        const bool crc = h.crc32_offset != std::string::npos;
+        const bool sha = h.sha256_offset != std::string::npos;
+        std::unique_ptr<TensorHasher> hasher;
+        if (crc || sha) hasher = std::make_unique<TensorHasher>(crc, sha, h.bytes);
+        for (uint64_t off = 0; off < len; off += kHashPieceBytes) {
+          const uint64_t n = std::min(kHashPieceBytes, len - off);
+          if (hasher) hasher->update(data + off, n);
+          sink->write_at(p.entry.data_offset + off, data + off, n);
+        }
+        if (hasher) {
+          hasher->finish();
+          if (crc) codec::store_le<uint32_t>(h.bytes.data() + h.crc32_offset, hasher->crc32());
+          if (sha) std::memcpy(h.bytes.data() + h.sha256_offset, hasher->sha256().data(), 32);
+        }
+        sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
+      } catch (const Error& err) {
+        std::lock_guard<std::mutex> lock(mu);
+        cancelled = true;
+        if (!error)
+          error = std::make_exception_ptr(Error(
+              err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" +
+                              sink->uri() + "': " + err.what()));
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < workers; ++i) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void Writer::Impl::sync() {
+  // Prelude and index in one write, then the end-of-tensors marker.
+  std::string head = encode_file_header(header);
+  const bool versioned = header.versioned_entries();
+  for (const auto& e : entries) encode_index_entry(e, versioned, head);
+  sink->write_at(0, head.data(), head.size());
+  const uint64_t zero = 0;
+  sink->write_at(cursor, &zero, sizeof zero);
+}
+
+void Writer::close() {
+  Impl& w = *impl_;
+  if (w.closed) return;
+  if (w.failed) fail(ErrorCode::kIO, "cannot close '" + w.sink->uri() + "': an earlier write failed");
+  try {
+    if (!w.started) {
+      // Nothing written: still produce a well-formed (empty) file, as the reference does.
+      w.header.index_size = w.options.index_reserve;
+      w.cursor = kPreludeSize + w.header.index_size;
+      std::string zeros(w.header.index_size, '\0');
+      w.sink->write_at(kPreludeSize, zeros.data(), zeros.size());
+      w.started = true;
+    }
+    w.sync();
+    w.sink->commit();
+    w.closed = true;
+  } catch (...) {
+    w.failed = true;
+    throw;
+  }
+}
+
+void Writer::abort() {
+  impl_->closed = true;
+  impl_->sink->abort();
+}
+
+}  // namespace tensorizer

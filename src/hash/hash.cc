@@ -1,0 +1,63 @@
+// CRC-32 (ISA-L) and SHA-256 (OpenSSL) behind tensorizer/hash.h.
+#include "tensorizer/hash.h"
+
+#include <isa-l/crc.h>
+#include <openssl/evp.h>
+
+#include "tensorizer/error.h"
+
+namespace tensorizer {
+
+uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
+  // ISA-L's gzip CRC takes and returns the same (already inverted) value zlib's crc32() does.
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
+}
+
+struct Sha256::Impl {
+  EVP_MD_CTX* ctx = nullptr;
+};
+
+Sha256::Sha256() : impl_(std::make_unique<Impl>()) {
+  impl_->ctx = EVP_MD_CTX_new();
+  if (!impl_->ctx || EVP_DigestInit_ex(impl_->ctx, EVP_sha256(), nullptr) != 1)
+    fail(ErrorCode::kUnsupported, "OpenSSL SHA-256 is unavailable");
+}
+
+Sha256::~Sha256() { EVP_MD_CTX_free(impl_->ctx); }
+
+void Sha256::update(const void* data, size_t size) { EVP_DigestUpdate(impl_->ctx, data, size); }
+
+std::array<uint8_t, 32> Sha256::finish() {
+  std::array<uint8_t, 32> out{};
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(impl_->ctx, out.data(), &len);
+  return out;
+}
+
+std::string to_hex(const uint8_t* data, size_t size) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  s.reserve(size * 2);
+  for (size_t i = 0; i < size; ++i) {
+    s += kHex[data[i] >> 4];
+    s += kHex[data[i] & 15];
+  }
+  return s;
+}
+
+TensorHasher::TensorHasher(bool crc32, bool sha256, const std::string& hashable_header)
+    : want_crc_(crc32), want_sha_(sha256) {
+  if (want_sha_) sha_ = std::make_unique<Sha256>();
+  update(hashable_header.data(), hashable_header.size());
+}
+
+void TensorHasher::update(const void* data, size_t size) {
+  if (want_crc_) crc_ = crc32_update(crc_, data, size);
+  if (want_sha_) sha_->update(data, size);
+}
+
+void TensorHasher::finish() {
+  if (want_sha_) sha_digest_ = sha_->finish();
+}
+
+}  // namespace tensorizer

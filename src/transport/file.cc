@@ -1,0 +1,208 @@
+// Local file transport: pread/preadv for reads, a temporary file plus rename for writes.
+//
+// Reads use preadv(2) straight into the caller's slices (one copy, kernel to destination).
+// Writes go to a hidden temporary file beside the target and are renamed over it on commit, so
+// the final path never holds a partial file.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "tensorizer/error.h"
+#include "transport/file.h"
+
+namespace tensorizer {
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+[[noreturn]] void fail_errno(const std::string& what, const std::string& path, int err) {
+  fail(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIO,
+       what + " '" + path + "': " + errno_text(err));
+}
+
+constexpr size_t kMaxIov = 512;
+
+// Advances a slice list by `n` bytes, for partial transfers.
+void advance(std::vector<iovec>& iov, size_t& first, size_t n) {
+  while (n > 0) {
+    iovec& v = iov[first];
+    if (n >= v.iov_len) {
+      n -= v.iov_len;
+      ++first;
+    } else {
+      v.iov_base = static_cast<char*>(v.iov_base) + n;
+      v.iov_len -= n;
+      n = 0;
+    }
+  }
+}
+
+std::vector<iovec> to_iovecs(const IoSlice* slices, size_t count, uint64_t& total) {
+  std::vector<iovec> iov;
+  iov.reserve(count);
+  total = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (slices[i].size == 0) continue;
+    iov.push_back({slices[i].data, slices[i].size});
+    total += slices[i].size;
+  }
+  return iov;
+}
+
+// Runs preadv/pwritev until every byte moved (the kernel may move fewer bytes per call than asked,
+// e.g. at most ~2 GiB); `op` performs one syscall.
+template <typename Op>
+void transfer_all(std::vector<iovec>& iov, uint64_t offset, Op op, const char* what,
+                  const std::string& path, uint64_t total) {
+  size_t first = 0;
+  uint64_t done = 0;
+  while (first < iov.size()) {
+    int n = static_cast<int>(std::min(iov.size() - first, kMaxIov));
+    ssize_t r = op(&iov[first], n, offset + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail_errno(std::string(what) + " at offset " + std::to_string(offset + done), path, errno);
+    if (r == 0)
+      fail(ErrorCode::kFormat, std::string(what) + " '" + path + "': unexpected end of file at offset " +
+                                   std::to_string(offset + done) + " (" +
+                                   std::to_string(total - done) + " bytes missing)");
+    advance(iov, first, static_cast<size_t>(r));
+    done += static_cast<uint64_t>(r);
+  }
+}
+
+// Shared open file: one descriptor serves every clone (pread needs no per-reader position).
+struct SharedFd {
+  int fd = -1;
+  std::atomic<uint64_t> bytes_read{0};
+  ~SharedFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+class FileSource final : public Source {
+ public:
+  FileSource(std::shared_ptr<SharedFd> fd, std::string path, uint64_t size)
+      : fd_(std::move(fd)), path_(std::move(path)), size_(size) {}
+
+  uint64_t size() override { return size_; }
+
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    uint64_t total = 0;
+    std::vector<iovec> iov = to_iovecs(slices, count, total);
+    if (offset > size_ || total > size_ - offset)
+      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
+                                   std::to_string(offset) + " runs past the end of '" + path_ +
+                                   "' (" + std::to_string(size_) + " bytes): file truncated?");
+    int fd = fd_->fd;
+    transfer_all(
+        iov, offset,
+        [fd](const iovec* v, int n, uint64_t off) { return ::preadv(fd, v, n, static_cast<off_t>(off)); },
+        "reading", path_, total);
+    fd_->bytes_read += total;
+  }
+
+  std::unique_ptr<Source> clone() override { return std::make_unique<FileSource>(fd_, path_, size_); }
+  const std::string& uri() const override { return path_; }
+  uint64_t bytes_read() const override { return fd_->bytes_read.load(); }
+
+ private:
+  std::shared_ptr<SharedFd> fd_;
+  std::string path_;
+  uint64_t size_;
+};
+
+class FileSink final : public Sink {
+ public:
+  FileSink(std::string path, bool sync_on_commit) : path_(std::move(path)), sync_(sync_on_commit) {
+    namespace fs = std::filesystem;
+    fs::path target(path_);
+    fs::path dir = target.parent_path();
+    if (!dir.empty()) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+    }
+    std::random_device rd;
+    for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
+      temp_ = (dir / ("." + target.filename().string() + ".tmp-" + std::to_string(rd()))).string();
+      fd_ = ::open(temp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd_ < 0 && errno != EEXIST) fail_errno("cannot create temporary file for", path_, errno);
+    }
+    if (fd_ < 0) fail_errno("cannot create temporary file for", path_, errno);
+  }
+  ~FileSink() override { abort(); }
+
+  void write_gather(uint64_t offset, const IoSlice* slices, size_t count) override {
+    uint64_t total = 0;
+    std::vector<iovec> iov = to_iovecs(slices, count, total);
+    int fd = fd_;
+    transfer_all(
+        iov, offset,
+        [fd](const iovec* v, int n, uint64_t off) { return ::pwritev(fd, v, n, static_cast<off_t>(off)); },
+        "writing", path_, total);
+  }
+
+  void reserve(uint64_t size) override {
+    if (fd_ >= 0 && size > 0) (void)::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+  }
+
+  void commit() override {
+    if (fd_ < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
+    if (sync_ && ::fsync(fd_) != 0) fail_errno("fsync failed for", path_, errno);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      fail_errno("close failed for", path_, errno);
+    }
+    fd_ = -1;
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+      int err = errno;
+      ::unlink(temp_.c_str());
+      fail_errno("cannot move the finished file into place at", path_, err);
+    }
+    committed_ = true;
+  }
+
+  void abort() override {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    if (!committed_ && !temp_.empty()) {
+      ::unlink(temp_.c_str());
+      temp_.clear();
+    }
+  }
+
+  const std::string& uri() const override { return path_; }
+
+ private:
+  std::string path_;
+  std::string temp_;
+  bool sync_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Source> open_file_source(const std::string& path) {
+  auto fd = std::make_shared<SharedFd>();
+  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd->fd < 0) fail_errno("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd->fd, &st) != 0) fail_errno("cannot stat", path, errno);
+  if (S_ISDIR(st.st_mode)) fail(ErrorCode::kInvalidArgument, "'" + path + "' is a directory");
+  return std::make_unique<FileSource>(std::move(fd), path, static_cast<uint64_t>(st.st_size));
+}
+
+std::unique_ptr<Sink> open_file_sink(const std::string& path, const TransportOptions& options) {
+  return std::make_unique<FileSink>(path, options.sync_on_commit);
+}
+
+}  // namespace tensorizer

@@ -1,0 +1,43 @@
+// URI dispatch: picks the transport for a path or URI. The one place that knows every scheme.
+#include <algorithm>
+#include <cctype>
+
+#include "tensorizer/error.h"
+#include "transport/file.h"
+
+namespace tensorizer {
+namespace {
+
+std::string scheme_of(const std::string& uri) {
+  size_t pos = uri.find("://");
+  if (pos == std::string::npos) return "";
+  std::string s = uri.substr(0, pos);
+  if (!std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '+'; }))
+    return "";
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+[[noreturn]] void unsupported(const std::string& scheme, const std::string& uri, const char* dir) {
+  fail(ErrorCode::kUnsupported,
+       "no " + std::string(dir) + " transport for scheme '" + scheme + "' (" + uri + ")");
+}
+
+}  // namespace
+
+std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options) {
+  (void)options;
+  std::string scheme = scheme_of(uri);
+  if (scheme.empty()) return open_file_source(uri);
+  if (scheme == "file") return open_file_source(uri.substr(7));
+  unsupported(scheme, uri, "read");
+}
+
+std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options) {
+  std::string scheme = scheme_of(uri);
+  if (scheme.empty()) return open_file_sink(uri, options);
+  if (scheme == "file") return open_file_sink(uri.substr(7), options);
+  unsupported(scheme, uri, "write");
+}
+
+}  // namespace tensorizer

@@ -1,0 +1,111 @@
+// Shared helpers for the C++ tests (see test_util.h).
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <openssl/sha.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "tensorizer/error.h"
+#include "tensorizer/hash.h"
+
+namespace tensorizer::test {
+
+std::string fixtures_dir() { return TZ_FIXTURES_DIR; }
+std::string fixture_path(const std::string& name) { return fixtures_dir() + "/" + name; }
+
+const nlohmann::json& manifest() {
+  static const nlohmann::json m = [] {
+    std::ifstream f(fixture_path("manifest.json"));
+    if (!f) throw std::runtime_error("fixtures missing: " + fixture_path("manifest.json"));
+    return nlohmann::json::parse(f);
+  }();
+  return m;
+}
+
+std::vector<std::string> all_fixtures() {
+  std::vector<std::string> names;
+  for (auto& [name, _] : manifest()["files"].items()) names.push_back(name);
+  return names;
+}
+
+std::vector<std::string> unencrypted_fixtures() {
+  std::vector<std::string> names;
+  for (auto& [name, f] : manifest()["files"].items())
+    if (!f.contains("encryption") || f["encryption"].is_null()) names.push_back(name);
+  return names;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string sha256_hex(const void* data, size_t size) {
+  uint8_t d[32];
+  SHA256(static_cast<const uint8_t*>(data), size, d);
+  return to_hex(d, 32);
+}
+
+TempDir::TempDir() {
+  std::random_device rd;
+  dir_ = (std::filesystem::temp_directory_path() / ("tz-test-" + std::to_string(rd()))).string();
+  std::filesystem::create_directories(dir_);
+}
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+namespace {
+class TruncatedSource final : public Source {
+ public:
+  TruncatedSource(std::shared_ptr<const std::string> b, uint64_t size) : b_(std::move(b)), size_(size) {}
+  uint64_t size() override { return size_; }
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    uint64_t total = 0;
+    for (size_t i = 0; i < count; ++i) total += slices[i].size;
+    if (offset > size_ || total > size_ - offset) fail(ErrorCode::kFormat, "read past end of truncated source");
+    const char* p = b_->data() + offset;
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(slices[i].data, p, slices[i].size);
+      p += slices[i].size;
+    }
+  }
+  std::unique_ptr<Source> clone() override { return std::make_unique<TruncatedSource>(b_, size_); }
+  const std::string& uri() const override { return name_; }
+  uint64_t bytes_read() const override { return 0; }
+
+ private:
+  std::shared_ptr<const std::string> b_;
+  uint64_t size_;
+  std::string name_ = "<truncated>";
+};
+}  // namespace
+
+std::unique_ptr<Source> truncated_source(std::shared_ptr<const std::string> bytes, uint64_t size) {
+  return std::make_unique<TruncatedSource>(std::move(bytes), size);
+}
+
+int run_command(const std::string& cmd, std::string* out) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+    if (out) out->append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace tensorizer::test
