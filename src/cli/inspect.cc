@@ -69,12 +69,12 @@ void run_inspect(const std::string& uri, bool json, const CommonOptions& common)
                   to_hex(raw + hv.value_offset, hv.value_size) + "\"}";
       }
       std::printf("%s{\"name\":%s,\"type\":%d,\"type_name\":\"%s\",\"module_idx\":%u,\"dtype\":%s,"
-                  "\"torch_dtype\":%s,\"shape\":%s,\"nbytes\":%llu,\"data_length\":%llu,\"meta\":%s,"
+                  "\"torch_dtype\":%s,\"shape\":%s,\"nbytes\":%llu,\"loaded_bytes\":%llu,\"meta\":%s,"
                   "\"encrypted\":%s,\"header_offset\":%llu,\"data_offset\":%llu,\"hashes\":[%s]}",
                   i ? "," : "", json_path(e.path).c_str(), static_cast<int>(e.type),
                   tensor_type_name(e.type), info.module_idx, json_string(e.dtype).c_str(),
                   json_string(dt.torch_name()).c_str(), json_shape(e.shape).c_str(),
-                  (unsigned long long)e.expected_bytes(), (unsigned long long)e.data_length,
+                  (unsigned long long)e.data_length, (unsigned long long)e.expected_bytes(),
                   e.is_meta() ? "true" : "false",
                   info.header.has_crypt_field && info.header.crypt_info_size > 2 ? "true" : "false",
                   (unsigned long long)e.header_offset, (unsigned long long)e.data_offset, hashes.c_str());

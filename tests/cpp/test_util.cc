@@ -97,6 +97,46 @@ std::unique_ptr<Source> truncated_source(std::shared_ptr<const std::string> byte
   return std::make_unique<TruncatedSource>(std::move(bytes), size);
 }
 
+std::string cli_path() { return TZ_CLI_PATH; }
+
+TensorPath path_from_json(const nlohmann::json& name) {
+  if (name.is_string()) return TensorPath(name.get<std::string>());
+  std::vector<PathComponent> components;
+  for (const auto& c : name) {
+    if (c.is_string()) components.emplace_back(c.get<std::string>());
+    else components.emplace_back(c.get<uint64_t>());
+  }
+  return TensorPath(std::move(components));
+}
+
+uint32_t crc32_bitwise(const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t crc = 0xffffffffu;
+  for (size_t i = 0; i < size; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
+  }
+  return crc ^ 0xffffffffu;
+}
+
+std::string hex(std::string_view bytes) {
+  return to_hex(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
+std::vector<std::string> load_entries(Reader& reader, const LoadOptions& options,
+                                      std::vector<size_t> which) {
+  if (which.empty())
+    for (size_t i = 0; i < reader.entries().size(); ++i) which.push_back(i);
+  std::vector<std::string> buffers(which.size());
+  std::vector<TensorDestination> dests;
+  for (size_t k = 0; k < which.size(); ++k) {
+    buffers[k].assign(reader.entries()[which[k]].expected_bytes(), '\xAA');
+    dests.push_back({which[k], buffers[k].data()});
+  }
+  reader.load(dests, options);
+  return buffers;
+}
+
 int run_command(const std::string& cmd, std::string* out) {
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return -1;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tensorizer/reader.h"
+#include "tensorizer/tensor_path.h"
 #include "tensorizer/transport.h"
 
 namespace tensorizer::test {
@@ -37,5 +39,22 @@ std::unique_ptr<Source> truncated_source(std::shared_ptr<const std::string> byte
 
 // Runs a shell command, returning its exit status and stdout.
 int run_command(const std::string& cmd, std::string* out);
+
+// The built `tensorizer` program (empty when the CLI is not built).
+std::string cli_path();
+
+// A manifest tensor name (a string, or an array of strings and ints) as a TensorPath.
+TensorPath path_from_json(const nlohmann::json& name);
+
+// CRC-32 (zlib polynomial), computed bit by bit: an independent check of crc32_update.
+uint32_t crc32_bitwise(const void* data, size_t size);
+
+// Lower-case hex of bytes.
+std::string hex(std::string_view bytes);
+
+// Loads the given entries (all when `which` is empty) into one buffer each, sized
+// expected_bytes(). Throws whatever Reader::load throws.
+std::vector<std::string> load_entries(Reader& reader, const LoadOptions& options,
+                                      std::vector<size_t> which = {});
 
 }  // namespace tensorizer::test
