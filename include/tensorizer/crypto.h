@@ -15,6 +15,15 @@ namespace tensorizer {
 
 using Key = std::array<uint8_t, 32>;
 
+// Argon2id cost presets of EncryptionParams.from_string (libsodium 1.0.18 values, spec §3.2).
+struct OpsLimit {
+  static constexpr uint64_t kMin = 1, kInteractive = 2, kModerate = 3, kSensitive = 4;
+};
+struct MemLimit {
+  static constexpr uint64_t kMin = 8192, kInteractive = 67108864, kModerate = 268435456,
+                            kSensitive = 1073741824;
+};
+
 struct KdfParams {
   uint64_t opslimit = 3;          // libsodium crypto_pwhash_OPSLIMIT_MODERATE
   uint64_t memlimit = 268435456;  // crypto_pwhash_MEMLIMIT_MODERATE
