@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,8 @@ class Source {
   virtual uint64_t bytes_read() const = 0;
   // How many concurrent readers this source serves best; 0 = one per CPU core.
   virtual int preferred_readers() const { return 0; }
+  // The descriptor of a local regular file behind this source (for memory mapping), else -1.
+  virtual int local_fd() const { return -1; }
 
   void read_at(uint64_t offset, void* dst, size_t size) {
     IoSlice s{dst, size};
@@ -82,10 +85,12 @@ struct TransportOptions {
   std::optional<std::string> s3_region;
   std::optional<std::string> s3_profile;
   std::optional<bool> force_http;
+  std::optional<bool> s3_virtual_hosted;  // unset: path-style, except hosts that require virtual-hosted
   // Resilience
   double connect_timeout_s = 10;
-  double stall_timeout_s = 30;  // no progress for this long counts as a failure
-  int max_retries = 8;          // per range, with exponential backoff
+  double stall_timeout_s = 30;  // no byte for this long fails a transfer; failing this long ends retrying
+  int max_retries = 8;          // consecutive failures without progress, per range
+  double retry_delay_s = 0.1;   // first backoff delay; doubles per failure (capped at 5 s)
   // Local files
   bool sync_on_commit = false;  // fsync before the rename that publishes a written file
 };
@@ -94,6 +99,12 @@ struct TransportOptions {
 std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options = {});
 // Opens a sink for a local path or a URI (s3://, redis://).
 std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options = {});
+
+// Copies the object at `src` to `dst` (any two of file, http(s) (read only), s3, redis), streaming
+// with `workers` concurrent readers and bounded memory; `progress(done, total)` is called now and
+// then from the calling thread. Returns the bytes copied.
+uint64_t copy_object(const std::string& src, const std::string& dst, const TransportOptions& options = {},
+                     int workers = 0, const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 // A source over bytes already in memory (tests, Python file-like objects). Shares the buffer.
 std::unique_ptr<Source> make_memory_source(std::shared_ptr<const std::string> bytes,

@@ -111,6 +111,7 @@ class FileSource final : public Source {
   std::unique_ptr<Source> clone() override { return std::make_unique<FileSource>(fd_, path_, size_); }
   const std::string& uri() const override { return path_; }
   uint64_t bytes_read() const override { return fd_->bytes_read.load(); }
+  int local_fd() const override { return fd_->fd; }
 
  private:
   std::shared_ptr<SharedFd> fd_;

@@ -4,6 +4,9 @@
 
 #include "tensorizer/error.h"
 #include "transport/file.h"
+#include "transport/http.h"
+#include "transport/redis.h"
+#include "transport/s3.h"
 
 namespace tensorizer {
 namespace {
@@ -26,10 +29,17 @@ std::string scheme_of(const std::string& uri) {
 }  // namespace
 
 std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options) {
-  (void)options;
   std::string scheme = scheme_of(uri);
   if (scheme.empty()) return open_file_source(uri);
   if (scheme == "file") return open_file_source(uri.substr(7));
+  if (scheme == "http" || scheme == "https") {
+    net::HttpTarget target;
+    target.url = scheme + uri.substr(scheme.size());  // curl wants a lower-case scheme
+    target.display_uri = uri;
+    return open_http_source(std::move(target), options);
+  }
+  if (scheme == "s3") return open_s3_source(uri, options);
+  if (scheme == "redis") return open_redis_source(uri, options);
   unsupported(scheme, uri, "read");
 }
 
@@ -37,6 +47,10 @@ std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& 
   std::string scheme = scheme_of(uri);
   if (scheme.empty()) return open_file_sink(uri, options);
   if (scheme == "file") return open_file_sink(uri.substr(7), options);
+  if (scheme == "s3") return open_s3_sink(uri, options);
+  if (scheme == "redis") return open_redis_sink(uri, options);
+  if (scheme == "http" || scheme == "https")
+    fail(ErrorCode::kUnsupported, "cannot write to '" + uri + "': HTTP(S) is read-only");
   unsupported(scheme, uri, "write");
 }
 

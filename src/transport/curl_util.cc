@@ -1,0 +1,217 @@
+// libcurl helpers shared by the HTTP(S) and S3 transports (see curl_util.h).
+#include "transport/curl_util.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace tensorizer::net {
+namespace {
+
+std::once_flag g_curl_once;
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+bool iequals_prefix(const std::string& line, const char* name, std::string* value) {
+  size_t n = std::strlen(name);
+  if (line.size() <= n || line[n] != ':') return false;
+  for (size_t i = 0; i < n; ++i)
+    if (std::tolower(static_cast<unsigned char>(line[i])) != std::tolower(static_cast<unsigned char>(name[i])))
+      return false;
+  *value = trim(line.substr(n + 1));
+  return true;
+}
+
+std::string xml_field(const std::string& body, const char* tag) {
+  std::string open = std::string("<") + tag + ">", close = std::string("</") + tag + ">";
+  size_t a = body.find(open);
+  if (a == std::string::npos) return "";
+  a += open.size();
+  size_t b = body.find(close, a);
+  if (b == std::string::npos) return "";
+  return body.substr(a, std::min<size_t>(b - a, 300));
+}
+
+}  // namespace
+
+void CurlHeaders::add(const std::string& line) {
+  curl_slist* next = curl_slist_append(list_, line.c_str());
+  if (!next) fail(ErrorCode::kIO, "out of memory building HTTP headers");
+  list_ = next;
+}
+
+CurlEasy make_easy() {
+  std::call_once(g_curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  CURL* h = curl_easy_init();
+  if (!h) fail(ErrorCode::kIO, "cannot create a libcurl handle");
+  return CurlEasy(h);
+}
+
+void prepare_request(CURL* h, const HttpTarget& target, const TransportOptions& options,
+                     CurlHeaders& headers, const std::vector<std::string>& extra) {
+  curl_easy_reset(h);  // keeps live connections and caches, drops per-request options
+  curl_easy_setopt(h, CURLOPT_URL, target.url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_USERAGENT, "tensorizer-cpp/0.1 (libcurl)");
+  curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
+  const long connect_ms = std::max(1L, static_cast<long>(options.connect_timeout_s * 1000));
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+  if (options.stall_timeout_s > 0) {
+    // Less than one byte per second for stall_timeout_s = a stalled transfer.
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(options.stall_timeout_s)));
+  }
+  if (!options.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options.ca_file.c_str());
+  if (!options.ca_path.empty()) curl_easy_setopt(h, CURLOPT_CAPATH, options.ca_path.c_str());
+  if (options.allow_untrusted) {
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
+  }
+  headers.add("Accept-Encoding: identity");
+  for (const auto& line : options.http_headers) headers.add(line);
+  for (const auto& line : target.headers) headers.add(line);
+  for (const auto& line : extra) headers.add(line);
+  if (!target.sigv4.empty()) {
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, target.sigv4.c_str());
+    curl_easy_setopt(h, CURLOPT_USERNAME, target.access_key.c_str());
+    curl_easy_setopt(h, CURLOPT_PASSWORD, target.secret_key.c_str());
+    // S3 wants the payload hash header; bodies are not hashed (TLS or the part ETag covers them).
+    headers.add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!target.session_token.empty()) headers.add("x-amz-security-token: " + target.session_token);
+  }
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+}
+
+void ResponseMeta::feed(const char* data, size_t size) {
+  std::string line(data, size);
+  if (line.rfind("HTTP/", 0) == 0) {
+    *this = ResponseMeta();
+    size_t sp = line.find(' ');
+    if (sp != std::string::npos) status = std::strtol(line.c_str() + sp + 1, nullptr, 10);
+    return;
+  }
+  if (trim(line).empty()) {
+    complete = status >= 200;  // interim 1xx responses are followed by the real one
+    return;
+  }
+  std::string v;
+  if (iequals_prefix(line, "Content-Length", &v)) {
+    content_length = std::strtoull(v.c_str(), nullptr, 10);
+  } else if (iequals_prefix(line, "Content-Range", &v)) {
+    // "bytes first-last/total" or "bytes */total"
+    size_t sp = v.find(' ');
+    std::string spec = sp == std::string::npos ? v : v.substr(sp + 1);
+    size_t slash = spec.find('/');
+    if (slash != std::string::npos && spec.substr(slash + 1) != "*")
+      range_total = std::strtoull(spec.c_str() + slash + 1, nullptr, 10);
+    size_t dash = spec.find('-');
+    if (spec[0] != '*' && dash != std::string::npos && dash < slash) {
+      has_content_range = true;
+      range_first = std::strtoull(spec.c_str(), nullptr, 10);
+      range_last = std::strtoull(spec.c_str() + dash + 1, nullptr, 10);
+    }
+  } else if (iequals_prefix(line, "ETag", &v)) {
+    etag = v;
+  } else if (iequals_prefix(line, "Last-Modified", &v)) {
+    last_modified = v;
+  } else if (iequals_prefix(line, "Accept-Ranges", &v)) {
+    accept_ranges = v;
+  } else if (iequals_prefix(line, "Retry-After", &v)) {
+    if (!v.empty() && std::isdigit(static_cast<unsigned char>(v[0]))) retry_after_s = std::strtod(v.c_str(), nullptr);
+  }
+}
+
+std::string s3_error_summary(const std::string& body) {
+  std::string code = xml_field(body, "Code"), message = xml_field(body, "Message");
+  if (code.empty()) return "";
+  return message.empty() ? code : code + ": " + message;
+}
+
+bool retryable(CURLcode code) {
+  switch (code) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_READ_ERROR:
+    case CURLE_AGAIN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool retryable_status(long status) { return status == 408 || status == 429 || status >= 500; }
+
+double backoff_delay(int attempt, double base_s, double retry_after_s) {
+  static thread_local std::mt19937 rng(std::random_device{}());
+  double d = std::min(5.0, base_s * std::pow(2.0, std::max(0, attempt - 1)));
+  d *= std::uniform_real_distribution<double>(0.5, 1.0)(rng);
+  if (retry_after_s > d) d = std::min(retry_after_s, 10.0);
+  return d;
+}
+
+void sleep_for_seconds(double s) {
+  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string describe_status(long status, const std::string& body, bool s3) {
+  std::string text = "HTTP " + std::to_string(status);
+  switch (status) {
+    case 400: text += " Bad Request"; break;
+    case 401: text += " Unauthorized"; break;
+    case 403: text += " Forbidden"; break;
+    case 404: text += " Not Found"; break;
+    case 416: text += " Range Not Satisfiable"; break;
+    case 429: text += " Too Many Requests"; break;
+    case 500: text += " Internal Server Error"; break;
+    case 502: text += " Bad Gateway"; break;
+    case 503: text += " Service Unavailable"; break;
+    case 504: text += " Gateway Timeout"; break;
+    default: break;
+  }
+  if (s3) {
+    std::string summary = s3_error_summary(body);
+    if (!summary.empty()) text += " (" + summary + ")";
+  }
+  return text;
+}
+
+std::string uri_encode(const std::string& s, bool keep_slash) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace tensorizer::net

@@ -1,0 +1,102 @@
+// libcurl helpers shared by the HTTP(S) and S3 transports (internal header).
+//
+// One place for: global initialisation, owned easy handles, the options every request gets (TLS
+// trust, timeouts, stall detection, user agent, identity encoding), request signing (AWS SigV4 via
+// libcurl), response-header parsing, error classification and retry backoff. Never logs or
+// formats credentials.
+#pragma once
+
+#include <curl/curl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensorizer/error.h"
+#include "tensorizer/transport.h"
+
+namespace tensorizer::net {
+
+// Where requests go and how they are authenticated; shared by every handle of one object.
+struct HttpTarget {
+  std::string url;          // request URL, without credentials
+  std::string display_uri;  // what messages show (the http(s) URL, or s3://bucket/key)
+  std::vector<std::string> headers;  // extra request headers, "Name: value"
+  // AWS SigV4 signing by libcurl; empty sigv4 = unsigned (anonymous) requests.
+  std::string sigv4;        // e.g. "aws:amz:us-east-1:s3"
+  std::string access_key;
+  std::string secret_key;
+  std::string session_token;
+  std::string credential_note;  // e.g. "credentials from ~/.s3cfg"; added to access errors
+  bool s3 = false;              // error bodies are S3 XML (<Code>, <Message>)
+};
+
+struct CurlDeleter {
+  void operator()(CURL* h) const { curl_easy_cleanup(h); }
+};
+using CurlEasy = std::unique_ptr<CURL, CurlDeleter>;
+
+// A curl_slist that frees itself.
+class CurlHeaders {
+ public:
+  CurlHeaders() = default;
+  CurlHeaders(const CurlHeaders&) = delete;
+  CurlHeaders& operator=(const CurlHeaders&) = delete;
+  ~CurlHeaders() { curl_slist_free_all(list_); }
+  void add(const std::string& line);
+  curl_slist* get() const { return list_; }
+
+ private:
+  curl_slist* list_ = nullptr;
+};
+
+// A new easy handle (initialises libcurl once per process).
+CurlEasy make_easy();
+
+// Resets `h` and applies what every request gets: TLS trust from `options`, connect timeout,
+// stall detection (LOW_SPEED over stall_timeout_s), keep-alive, user agent, identity encoding,
+// large receive buffer, and the target's signing. `headers` receives the target's headers plus
+// `extra`, and is installed on the handle (it must outlive the request).
+void prepare_request(CURL* h, const HttpTarget& target, const TransportOptions& options,
+                     CurlHeaders& headers, const std::vector<std::string>& extra = {});
+
+// What the response headers said (the last response, when curl saw several).
+struct ResponseMeta {
+  long status = 0;
+  std::optional<uint64_t> content_length;
+  bool has_content_range = false;
+  uint64_t range_first = 0, range_last = 0;  // "bytes first-last/total"
+  std::optional<uint64_t> range_total;       // also set by "bytes */total" (416)
+  std::string etag;
+  std::string last_modified;
+  std::string accept_ranges;
+  double retry_after_s = -1;
+  bool complete = false;  // the blank line after the headers was seen
+
+  // Feeds one header line (as libcurl's header callback gets it). A status line starts anew.
+  void feed(const char* line, size_t size);
+};
+
+// Extracts <Code> and <Message> from an S3 XML error body ("" when absent).
+std::string s3_error_summary(const std::string& body);
+
+// True for curl failures worth retrying (connection refused/dropped/reset, timeouts, short bodies).
+bool retryable(CURLcode code);
+// True for HTTP statuses worth retrying (408, 429, 5xx).
+bool retryable_status(long status);
+// The delay before retry number `attempt` (1-based): exponential from `base_s`, capped at 5 s,
+// with jitter; a server's Retry-After (capped at 10 s) wins when larger.
+double backoff_delay(int attempt, double base_s, double retry_after_s);
+void sleep_for_seconds(double s);
+// Seconds on a monotonic clock.
+double now_seconds();
+
+// "HTTP 404 Not Found" style text, plus the S3 code/message when the target is S3.
+std::string describe_status(long status, const std::string& body, bool s3);
+
+// Percent-encodes everything except RFC 3986 unreserved characters (and '/' when keep_slash).
+std::string uri_encode(const std::string& s, bool keep_slash);
+
+}  // namespace tensorizer::net

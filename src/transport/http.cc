@@ -1,0 +1,561 @@
+// HTTP(S) Source with libcurl: ranged GETs written straight into the caller's slices.
+//
+// Each concurrent read takes an easy handle from the object's pool (a handle keeps its connection
+// alive between requests), asks for `Range: bytes=a-b`, and the write callback copies the body
+// into the destination slices as it arrives. A failed or short transfer (drop, reset, stall,
+// 408/429/5xx) is retried with exponential backoff from the first byte not yet delivered, until
+// `max_retries` consecutive failures, or failures without progress for `stall_timeout_s`. The first response's
+// ETag (else Last-Modified) pins the object: a later response naming another version is an error,
+// never mixed data. Servers that ignore Range (200 with the whole body) are read through one
+// whole-object transfer kept open across sequential reads (StreamCursor); such a source prefers
+// one reader.
+#include "transport/http.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+namespace tensorizer {
+namespace {
+
+using net::CurlEasy;
+using net::ResponseMeta;
+
+constexpr size_t kMaxErrorBody = 8192;
+
+// Outcome of one request, for the retry loop.
+struct Attempt {
+  CURLcode code = CURLE_OK;
+  char errbuf[CURL_ERROR_SIZE] = {0};
+  ResponseMeta meta;
+  std::string error_body;
+  uint64_t delivered = 0;      // bytes written into the slices by this attempt
+  bool fatal = false;          // stop retrying: `fatal_code` / `fatal_message`
+  ErrorCode fatal_code = ErrorCode::kIO;
+  std::string fatal_message;
+  bool retry = false;          // the callbacks found a retryable condition
+  std::string retry_reason;
+};
+
+class StreamCursor;
+
+struct Shared {
+  ~Shared();
+  net::HttpTarget target;
+  TransportOptions options;
+  std::mutex mu;
+  std::vector<CurlEasy> idle;  // pooled handles (each keeps its connection alive)
+  bool probed = false;
+  uint64_t size = 0;
+  bool ranges = true;
+  std::string etag, last_modified;
+  std::atomic<uint64_t> bytes_read{0};
+  std::mutex stream_mu;                  // serialises reads through the cursor
+  std::unique_ptr<StreamCursor> cursor;  // for servers that ignore Range
+
+  CurlEasy take() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!idle.empty()) {
+        CurlEasy h = std::move(idle.back());
+        idle.pop_back();
+        return h;
+      }
+    }
+    return net::make_easy();
+  }
+  void give(CurlEasy h) {
+    std::lock_guard<std::mutex> lock(mu);
+    idle.push_back(std::move(h));
+  }
+};
+
+// One ranged GET in flight: where its bytes go.
+struct Transfer {
+  Shared* shared;
+  Attempt* attempt;
+  uint64_t request_first;  // absolute offset of the first byte asked for
+  uint64_t want;           // bytes asked for
+  uint64_t skip = 0;       // bytes to discard first (server ignored the Range)
+  bool checked = false;    // headers validated
+  bool body_ok = false;    // a 2xx body we are consuming
+  // destination
+  const IoSlice* slices = nullptr;
+  size_t count = 0;
+  size_t slice = 0;
+  size_t in_slice = 0;
+};
+
+size_t on_header(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  t->attempt->meta.feed(data, size * n);
+  return size * n;
+}
+
+// Checks a 2xx response against what was asked and what the object was; false = abort.
+bool check_response(Transfer& t) {
+  t.checked = true;
+  Attempt& a = *t.attempt;
+  const ResponseMeta& m = a.meta;
+  Shared& s = *t.shared;
+  if (m.status < 200 || m.status >= 300) return true;  // the body is an error text; classified later
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    const bool etag_changed = !s.etag.empty() && !m.etag.empty() && m.etag != s.etag;
+    const bool date_changed = s.etag.empty() && m.etag.empty() && !s.last_modified.empty() &&
+                              !m.last_modified.empty() && m.last_modified != s.last_modified;
+    if (etag_changed || date_changed) {
+      a.fatal = true;
+      a.fatal_message = "the object changed during the load (" +
+                        (etag_changed ? "ETag " + s.etag + " became " + m.etag
+                                      : "Last-Modified " + s.last_modified + " became " + m.last_modified) +
+                        ")";
+      return false;
+    }
+  }
+  if (m.status == 206) {
+    if (!m.has_content_range || m.range_first != t.request_first) {
+      a.fatal = true;
+      a.fatal_message = "the server answered a request for offset " + std::to_string(t.request_first) +
+                        " with " + (m.has_content_range ? "offset " + std::to_string(m.range_first)
+                                                        : std::string("no Content-Range"));
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (m.range_total && *m.range_total != s.size && s.probed) {
+      a.fatal = true;
+      a.fatal_message = "the object changed during the load (size " + std::to_string(s.size) +
+                        " became " + std::to_string(*m.range_total) + ")";
+      return false;
+    }
+  } else {
+    // 200: the whole object from byte 0, whatever Range said.
+    t.skip = t.request_first;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.ranges = false;
+  }
+  t.body_ok = true;
+  return true;
+}
+
+size_t on_body(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  Attempt& a = *t->attempt;
+  const size_t total = size * n;
+  if (!t->checked && !check_response(*t)) return 0;
+  if (!t->body_ok) {
+    if (a.error_body.size() < kMaxErrorBody)
+      a.error_body.append(data, std::min(total, kMaxErrorBody - a.error_body.size()));
+    return total;
+  }
+  size_t pos = 0;
+  if (t->skip > 0) {
+    size_t k = static_cast<size_t>(std::min<uint64_t>(t->skip, total));
+    t->skip -= k;
+    pos += k;
+  }
+  while (pos < total && a.delivered < t->want) {
+    while (t->slice < t->count && t->in_slice == t->slices[t->slice].size) {
+      ++t->slice;
+      t->in_slice = 0;
+    }
+    const IoSlice& d = t->slices[t->slice];
+    size_t k = std::min(total - pos, d.size - t->in_slice);
+    std::memcpy(static_cast<char*>(d.data) + t->in_slice, data + pos, k);
+    t->in_slice += k;
+    pos += k;
+    a.delivered += k;
+  }
+  // Everything wanted has arrived: stop here (a server ignoring Range keeps sending).
+  if (a.delivered == t->want && pos < total) return 0;
+  return total;
+}
+
+// One whole-object GET kept open across reads, for servers that ignore Range: reads at or after
+// the current position continue the transfer (curl's multi interface, paused between reads);
+// a read behind it starts a new one. So a sequential reader downloads the object once.
+class StreamCursor {
+ public:
+  explicit StreamCursor(Shared& s) : s_(s), multi_(curl_multi_init()) {
+    if (!multi_) fail(ErrorCode::kIO, "cannot create a libcurl multi handle");
+  }
+  ~StreamCursor() {
+    stop();
+    curl_multi_cleanup(multi_);
+  }
+
+  // Reads [offset, offset+total) into `slices` (advanced as bytes land); returns the bytes
+  // delivered. On a failure, `error` says why (then the next read starts a new transfer).
+  uint64_t read(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, std::string& error,
+                long& status) {
+    if (!easy_ || offset < pos_) start();
+    slices_ = &slices;
+    skip_ = offset - pos_;
+    want_ = total;
+    got_ = 0;
+    drain_leftover();
+    while (got_ < want_ && error_.empty()) {
+      if (finished_) {
+        error_ = result_ != CURLE_OK ? std::string("curl: ") + (errbuf_[0] ? errbuf_ : curl_easy_strerror(result_))
+                                     : "the response ended at byte " + std::to_string(pos_);
+        break;
+      }
+      if (paused_) {
+        paused_ = false;
+        curl_easy_pause(easy_.get(), CURLPAUSE_CONT);  // may deliver buffered data right here
+        continue;
+      }
+      int running = 0;
+      curl_multi_perform(multi_, &running);
+      int left = 0;
+      while (CURLMsg* m = curl_multi_info_read(multi_, &left))
+        if (m->msg == CURLMSG_DONE) finished_ = true, result_ = m->data.result;
+      if (!finished_ && got_ < want_ && !paused_) curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
+    }
+    status = meta_.status;
+    if (!error_.empty()) {
+      error = error_;
+      stop();
+    }
+    slices_ = nullptr;
+    return got_;
+  }
+
+ private:
+  void start() {
+    stop();
+    easy_ = net::make_easy();
+    headers_ = std::make_unique<net::CurlHeaders>();
+    net::prepare_request(easy_.get(), s_.target, s_.options, *headers_);
+    curl_easy_setopt(easy_.get(), CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(easy_.get(), CURLOPT_HEADERDATA, this);
+    curl_easy_setopt(easy_.get(), CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(easy_.get(), CURLOPT_WRITEDATA, this);
+    curl_easy_setopt(easy_.get(), CURLOPT_ERRORBUFFER, errbuf_);
+    curl_multi_add_handle(multi_, easy_.get());
+  }
+
+  void stop() {
+    if (easy_) {
+      curl_multi_remove_handle(multi_, easy_.get());
+      easy_.reset();
+    }
+    headers_.reset();
+    pos_ = 0;
+    leftover_.clear();
+    leftover_at_ = 0;
+    meta_ = ResponseMeta();
+    checked_ = paused_ = finished_ = false;
+    result_ = CURLE_OK;
+    error_.clear();
+    errbuf_[0] = 0;
+  }
+
+  static size_t on_header(char* data, size_t size, size_t n, void* user) {
+    static_cast<StreamCursor*>(user)->meta_.feed(data, size * n);
+    return size * n;
+  }
+
+  static size_t on_data(char* data, size_t size, size_t n, void* user) {
+    auto* c = static_cast<StreamCursor*>(user);
+    const size_t total = size * n;
+    if (!c->checked_ && !c->check()) return 0;
+    if (!c->slices_ || c->got_ == c->want_) {
+      c->paused_ = true;
+      return CURL_WRITEFUNC_PAUSE;  // called again with the same bytes once resumed
+    }
+    size_t used = c->consume(data, total);
+    if (used < total) {  // the read is complete: keep the rest for the next one
+      c->leftover_.assign(data + used, total - used);
+      c->leftover_at_ = 0;
+    }
+    return total;
+  }
+
+  bool check() {
+    checked_ = true;
+    if (meta_.status < 200 || meta_.status >= 300) {
+      error_ = net::describe_status(meta_.status, "", s_.target.s3);
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(s_.mu);
+    if ((!s_.etag.empty() && !meta_.etag.empty() && meta_.etag != s_.etag) ||
+        (s_.etag.empty() && !s_.last_modified.empty() && !meta_.last_modified.empty() &&
+         meta_.last_modified != s_.last_modified)) {
+      error_ = "the object changed during the load (its ETag/Last-Modified differs)";
+      return false;
+    }
+    return true;
+  }
+
+  // Skips, then copies into the slices; returns the bytes of `data` used.
+  size_t consume(const char* data, size_t n) {
+    size_t at = static_cast<size_t>(std::min<uint64_t>(skip_, n));
+    skip_ -= at;
+    pos_ += at;
+    while (at < n && got_ < want_) {
+      IoSlice& d = slices_->front();
+      const size_t k = std::min(n - at, d.size);
+      std::memcpy(d.data, data + at, k);
+      d.data = static_cast<char*>(d.data) + k;
+      d.size -= k;
+      if (d.size == 0) slices_->erase(slices_->begin());
+      at += k;
+      got_ += k;
+      pos_ += k;
+    }
+    return at;
+  }
+
+  void drain_leftover() {
+    if (leftover_at_ >= leftover_.size()) return;
+    leftover_at_ += consume(leftover_.data() + leftover_at_, leftover_.size() - leftover_at_);
+    if (leftover_at_ == leftover_.size()) leftover_.clear(), leftover_at_ = 0;
+  }
+
+  Shared& s_;
+  CURLM* multi_;
+  CurlEasy easy_;
+  std::unique_ptr<net::CurlHeaders> headers_;
+  char errbuf_[CURL_ERROR_SIZE] = {0};
+  ResponseMeta meta_;
+  bool checked_ = false, paused_ = false, finished_ = false;
+  CURLcode result_ = CURLE_OK;
+  std::string error_;
+  uint64_t pos_ = 0;  // stream offset of the next byte not yet handed out (leftover first)
+  std::string leftover_;
+  size_t leftover_at_ = 0;
+  // the read in progress
+  std::vector<IoSlice>* slices_ = nullptr;
+  uint64_t skip_ = 0, want_ = 0, got_ = 0;
+};
+
+Shared::~Shared() = default;
+
+class HttpSource final : public Source {
+ public:
+  explicit HttpSource(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+
+  uint64_t size() override {
+    probe();
+    return s_->size;
+  }
+
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    probe();
+    uint64_t total = 0;
+    std::vector<IoSlice> rest;
+    rest.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      total += slices[i].size;
+      if (slices[i].size) rest.push_back(slices[i]);
+    }
+    if (offset > s_->size || total > s_->size - offset)
+      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
+                                   std::to_string(offset) + " runs past the end of '" + uri() + "' (" +
+                                   std::to_string(s_->size) + " bytes)");
+    if (total == 0) return;
+    bool ranges;
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      ranges = s_->ranges;
+    }
+    if (ranges) fetch(offset, rest, total, /*probe=*/false);
+    else fetch_streamed(offset, rest, total);
+    s_->bytes_read += total;
+  }
+
+  std::unique_ptr<Source> clone() override { return std::make_unique<HttpSource>(s_); }
+  const std::string& uri() const override { return s_->target.display_uri; }
+  uint64_t bytes_read() const override { return s_->bytes_read.load(); }
+  int preferred_readers() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->ranges ? 8 : 1;
+  }
+
+ private:
+  // First contact: `Range: bytes=0-0` gives the size (Content-Range total, or the whole body's
+  // Content-Length when ranges are ignored), range support and the ETag, in one request.
+  void probe() {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      if (s_->probed) return;
+    }
+    char byte;
+    std::vector<IoSlice> one{{&byte, 1}};
+    fetch(0, one, 1, /*probe=*/true);
+  }
+
+  // Reads [offset, offset+total) into `slices`, retrying from the first missing byte.
+  void fetch(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, bool probe) {
+    const TransportOptions& opt = s_->options;
+    uint64_t done = 0;
+    int failures = 0;
+    double failing_since = -1;  // start of the current run of failures without progress
+    std::string last_error;
+    CurlEasy h = s_->take();
+    for (;;) {
+      Attempt a;
+      Transfer t{s_.get(), &a, offset + done, total - done};
+      t.slices = slices.data();
+      t.count = slices.size();
+      net::CurlHeaders headers;
+      const std::string range = "Range: bytes=" + std::to_string(offset + done) + "-" +
+                                std::to_string(offset + total - 1);
+      net::prepare_request(h.get(), s_->target, opt, headers, {range});
+      curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+      curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+      curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+      curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
+      curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
+      a.code = curl_easy_perform(h.get());
+      curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
+
+      if (probe && a.meta.complete && handle_probe(a)) {
+        s_->give(std::move(h));
+        return;
+      }
+      if (a.delivered > 0) {
+        advance(slices, a.delivered);
+        done += a.delivered;
+        failures = 0;
+        failing_since = -1;
+      }
+      if (done == total) {
+        if (probe) {
+          std::lock_guard<std::mutex> lock(s_->mu);
+          if (!s_->probed)
+            fail(ErrorCode::kIO, "'" + uri() + "': cannot tell the object's size (HTTP " +
+                                     std::to_string(a.meta.status) + " without Content-Range or Content-Length)");
+        }
+        s_->give(std::move(h));
+        return;
+      }
+      if (a.fatal) fail(a.fatal_code, where(offset, total, done) + ": " + a.fatal_message);
+      // Classify the failure.
+      const long status = a.meta.status;
+      if (a.meta.complete && status >= 300) {
+        std::string text = net::describe_status(status, a.error_body, s_->target.s3);
+        if (!net::retryable_status(status)) fail_status(status, text, offset, total, done);
+        last_error = text;
+      } else if (a.code != CURLE_OK) {
+        last_error = std::string("curl: ") + (a.errbuf[0] ? a.errbuf : curl_easy_strerror(a.code));
+        if (!net::retryable(a.code)) fail(ErrorCode::kIO, where(offset, total, done) + ": " + last_error);
+      } else {
+        last_error = "the response ended early (HTTP " + std::to_string(status) + ", " +
+                     std::to_string(done) + " of " + std::to_string(total) + " bytes)";
+      }
+      ++failures;
+      if (failing_since < 0) failing_since = net::now_seconds();
+      const double idle = net::now_seconds() - failing_since;
+      if (failures > opt.max_retries || (opt.stall_timeout_s > 0 && idle >= opt.stall_timeout_s))
+        fail(ErrorCode::kIO, where(offset, total, done) + ": gave up at offset " +
+                                 std::to_string(offset + done) + " after " + std::to_string(failures) +
+                                 " failed attempt" + (failures == 1 ? "" : "s") + " (last: " + last_error + ")");
+      double delay = net::backoff_delay(failures, opt.retry_delay_s, a.meta.retry_after_s);
+      if (opt.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
+      net::sleep_for_seconds(delay);
+    }
+  }
+
+  // A server without range support: continue one whole-object transfer (see StreamCursor),
+  // retrying from the first missing byte (which means from the start of the object again).
+  void fetch_streamed(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total) {
+    const TransportOptions& opt = s_->options;
+    std::lock_guard<std::mutex> lock(s_->stream_mu);
+    if (!s_->cursor) s_->cursor = std::make_unique<StreamCursor>(*s_);
+    uint64_t done = 0;
+    int failures = 0;
+    double failing_since = -1;
+    for (;;) {
+      std::string error;
+      long status = 0;
+      const uint64_t got = s_->cursor->read(offset + done, slices, total - done, error, status);
+      done += got;
+      if (done == total) return;
+      if (got > 0) failures = 0, failing_since = -1;
+      if (status == 404) fail(ErrorCode::kNotFound, "'" + uri() + "' does not exist (" + error + ")");
+      if (status >= 400 && !net::retryable_status(status)) fail(ErrorCode::kIO, where(offset, total, done) + ": " + error);
+      if (error.find("changed during the load") != std::string::npos)
+        fail(ErrorCode::kIO, where(offset, total, done) + ": " + error);
+      ++failures;
+      if (failing_since < 0) failing_since = net::now_seconds();
+      const double idle = net::now_seconds() - failing_since;
+      if (failures > opt.max_retries || (opt.stall_timeout_s > 0 && idle >= opt.stall_timeout_s))
+        fail(ErrorCode::kIO, where(offset, total, done) + ": gave up at offset " + std::to_string(offset + done) +
+                                 " after " + std::to_string(failures) + " failed attempts (last: " + error + ")");
+      double delay = net::backoff_delay(failures, opt.retry_delay_s, -1);
+      if (opt.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
+      net::sleep_for_seconds(delay);
+    }
+  }
+
+  // Handles the first response; true when it settled the object's size.
+  bool handle_probe(const Attempt& a) {
+    const ResponseMeta& m = a.meta;
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (s_->probed) return true;
+    if (m.status == 206 && m.range_total) {
+      s_->size = *m.range_total;
+    } else if (m.status == 200 && m.content_length) {
+      s_->size = *m.content_length;
+      s_->ranges = false;
+    } else if (m.status == 416 && m.range_total && *m.range_total == 0) {
+      s_->size = 0;  // an empty object
+    } else {
+      return false;
+    }
+    if (m.status == 200 && m.accept_ranges == "bytes") s_->ranges = true;  // full body, yet ranges work
+    s_->etag = m.etag;
+    s_->last_modified = m.last_modified;
+    s_->probed = true;
+    return true;
+  }
+
+  static void advance(std::vector<IoSlice>& slices, uint64_t n) {
+    size_t i = 0;
+    while (n > 0 && i < slices.size()) {
+      if (n >= slices[i].size) {
+        n -= slices[i].size;
+        ++i;
+      } else {
+        slices[i].data = static_cast<char*>(slices[i].data) + n;
+        slices[i].size -= n;
+        n = 0;
+      }
+    }
+    slices.erase(slices.begin(), slices.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  std::string where(uint64_t offset, uint64_t total, uint64_t done) const {
+    return "'" + uri() + "': reading " + std::to_string(total) + " bytes at offset " +
+           std::to_string(offset) + " (failed at offset " + std::to_string(offset + done) + ")";
+  }
+
+  [[noreturn]] void fail_status(long status, const std::string& text, uint64_t offset, uint64_t total,
+                                uint64_t done) const {
+    std::string msg = where(offset, total, done) + ": " + text;
+    if (status == 404) fail(ErrorCode::kNotFound, "'" + uri() + "' does not exist (" + text + ")");
+    if (status == 401 || status == 403) {
+      msg = "'" + uri() + "': access denied (" + text + ")";
+      if (!s_->target.credential_note.empty()) msg += "; " + s_->target.credential_note;
+      fail(ErrorCode::kIO, msg);
+    }
+    if (status == 416) fail(ErrorCode::kFormat, msg);
+    fail(ErrorCode::kIO, msg);
+  }
+
+  std::shared_ptr<Shared> s_;
+};
+
+}  // namespace
+
+std::unique_ptr<Source> open_http_source(net::HttpTarget target, const TransportOptions& options) {
+  auto s = std::make_shared<Shared>();
+  s->target = std::move(target);
+  s->options = options;
+  return std::make_unique<HttpSource>(std::move(s));
+}
+
+}  // namespace tensorizer
