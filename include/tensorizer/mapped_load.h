@@ -1,0 +1,37 @@
+// tensorizer/mapped_load.h — zero-copy loading of tensors from a memory-mapped local file.
+//
+// For a local, unencrypted file, each selected tensor's data is mapped copy-on-write
+// (MAP_PRIVATE, so writing to a tensor never changes the file) and pre-faulted from the page cache
+// by N workers (MADV_POPULATE_READ): no bytes are copied and no fresh memory is zeroed. Each tensor
+// gets its own mapping, so tensors stay independent and are unmapped when their owner goes.
+//
+// Contract: the file must not be truncated or rewritten in place while a mapping is alive
+// (the kernel would raise SIGBUS on access); files written by this library are replaced by
+// rename, which is safe. Tensors whose data offset is not 64-byte aligned, or that are meta,
+// empty or encrypted, cannot be mapped (can_map() says so); load them with Reader::load.
+// Thread-safety: as Reader (one caller at a time).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "tensorizer/reader.h"
+
+namespace tensorizer {
+
+struct MappedTensor {
+  size_t entry;
+  uint8_t* data;                // entries()[entry].data_length bytes, writable (copy-on-write)
+  std::shared_ptr<void> owner;  // unmaps when the last copy is gone
+};
+
+// Whether map_tensors() can serve this entry of this reader.
+bool can_map(Reader& reader, size_t entry);
+
+// Maps the given entries (each must pass can_map) and pre-faults them with
+// options.num_workers threads; with options.verify_hash every stored hash is checked
+// (kHashMismatch naming the tensor).
+std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>& entries,
+                                      const LoadOptions& options = {});
+
+}  // namespace tensorizer

@@ -1,0 +1,230 @@
+// `_C.Reader`: a .tensors reader for Python. Opens a path/URI (any transport the engine knows) or
+// bytes (file-like objects without a usable file descriptor), lists the index, and loads tensors
+// into memory the caller allocated (torch tensors), with the GIL released for the whole load.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <mutex>
+
+#include "bindings.h"
+#include "tensorizer/dtype.h"
+#include "tensorizer/error.h"
+#include "tensorizer/mapped_load.h"
+#include "tensorizer/reader.h"
+
+namespace tzpy {
+namespace {
+
+using tensorizer::Reader;
+
+// Owns a Reader; serializes loads from several Python threads (the GIL is released meanwhile).
+class PyReader {
+ public:
+  explicit PyReader(std::unique_ptr<Reader> r) : reader_(std::move(r)) {}
+
+  static PyReader* open(const std::string& uri, const tensorizer::TransportOptions& transport,
+                        nb::handle key, nb::handle passphrase) {
+    tensorizer::ReaderOptions opt;
+    opt.transport = transport;
+    opt.decryption = decryption_from_python(key, passphrase);
+    std::unique_ptr<Reader> r;
+    {
+      nb::gil_scoped_release release;
+      r = Reader::open(uri, opt);
+    }
+    return new PyReader(std::move(r));
+  }
+
+  static PyReader* from_bytes(nb::bytes data, const std::string& name, nb::handle key,
+                              nb::handle passphrase) {
+    tensorizer::ReaderOptions opt;
+    opt.decryption = decryption_from_python(key, passphrase);
+    auto bytes = std::make_shared<const std::string>(data.c_str(), data.size());
+    return new PyReader(Reader::open(tensorizer::make_memory_source(std::move(bytes), name), opt));
+  }
+
+  Reader& get() {
+    if (!reader_) throw nb::value_error("I/O operation on a closed tensorizer reader");
+    return *reader_;
+  }
+
+  // One tuple per index entry (see _C.pyi for the layout).
+  nb::list entries() {
+    nb::list out;
+    for (const auto& e : get().entries()) {
+      tensorizer::DType d = tensorizer::parse_dtype(e.dtype);
+      nb::list shape;
+      for (uint64_t s : e.shape) shape.append(nb::int_(s));
+      out.append(nb::make_tuple(nb::bytes(e.name.data(), e.name.size()), path_to_python(e.path),
+                                static_cast<int>(e.type), nb::str(e.dtype.data(), e.dtype.size()),
+                                nb::tuple(shape), e.header_offset, e.data_offset, e.data_length,
+                                e.expected_bytes(), d.numpy, d.torch_name(), d.itemsize, d.opaque()));
+    }
+    return out;
+  }
+
+  // Loads entries[i] into addresses[i]; returns, per tensor, what its header said:
+  // (module index, [(hash type, stored value)], hashable header bytes).
+  nb::list load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
+                int num_workers, bool verify_hash) {
+    if (indices.size() != addresses.size()) throw nb::value_error("indices and addresses differ in length");
+    std::vector<tensorizer::TensorDestination> dests;
+    dests.reserve(indices.size());
+    for (size_t k = 0; k < indices.size(); ++k)
+      dests.push_back({indices[k], reinterpret_cast<void*>(addresses[k])});
+    tensorizer::LoadOptions opt;
+    opt.num_workers = num_workers;
+    opt.verify_hash = verify_hash;
+    std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
+    Reader& r = get();
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      r.load(dests, opt);
+      for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
+    }
+    nb::list out;
+    for (const auto* info : infos) {
+      if (info) out.append(info_tuple(*info));
+      else out.append(nb::none());
+    }
+    return out;
+  }
+
+  // Whether entries[entry] can be loaded by memory mapping (local, unencrypted, aligned data).
+  bool can_map(size_t entry) {
+    Reader& r = get();
+    std::lock_guard<std::mutex> lock(mu_);
+    return tensorizer::can_map(r, entry);
+  }
+
+  // Maps entries[i] copy-on-write from the local file (no copy); returns, per tensor, a 1-D uint8
+  // torch tensor owning its mapping and the same header tuple as load().
+  nb::list map(const std::vector<size_t>& indices, int num_workers, bool verify_hash) {
+    Reader& r = get();
+    tensorizer::LoadOptions opt;
+    opt.num_workers = num_workers;
+    opt.verify_hash = verify_hash;
+    std::vector<tensorizer::MappedTensor> maps;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      maps = tensorizer::map_tensors(r, indices, opt);
+    }
+    nb::list out;
+    for (auto& m : maps) {
+      const size_t n = r.entries()[m.entry].data_length;
+      auto* keep = new std::shared_ptr<void>(std::move(m.owner));
+      nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+      nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>> arr(m.data, {n}, owner);
+      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), info_tuple(*r.loaded_info(m.entry))));
+    }
+    return out;
+  }
+
+  // `size` raw bytes of the object at `offset` (to_redis).
+  nb::bytes read_raw(uint64_t offset, uint64_t size) {
+    Reader& r = get();
+    std::string buf(size, '\0');
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (size) r.source().read_at(offset, buf.data(), size);
+    }
+    return nb::bytes(buf.data(), buf.size());
+  }
+
+  // (module index, [(hash type, stored value)], hashable header bytes) for a tensor, reading its
+  // header when it has not been loaded yet.
+  nb::tuple header_info(size_t entry) {
+    Reader& r = get();
+    const tensorizer::LoadedTensorInfo* info = nullptr;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      info = r.loaded_info(entry);
+      if (!info) info = &r.read_header(entry);
+    }
+    return info_tuple(*info);
+  }
+
+  // Same as header_info, but None when the tensor's header has not been read yet.
+  nb::object known_header_info(size_t entry) {
+    const auto* info = get().loaded_info(entry);
+    if (!info) return nb::none();
+    return info_tuple(*info);
+  }
+
+  nb::list verify_all(int num_workers) {
+    Reader& r = get();
+    std::vector<std::string> mismatches;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      mismatches = r.verify_all(num_workers);
+    }
+    nb::list out;
+    for (const auto& s : mismatches) out.append(nb::str(s.data(), s.size()));
+    return out;
+  }
+
+  void close() {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    reader_.reset();
+  }
+  bool closed() const { return !reader_; }
+
+ private:
+  static nb::tuple info_tuple(const tensorizer::LoadedTensorInfo& info) {
+    const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+    nb::list hashes;
+    for (const auto& h : info.header.hashes)
+      hashes.append(nb::make_tuple(static_cast<int>(h.type),
+                                   nb::bytes(info.header_bytes.data() + h.value_offset, h.value_size)));
+    std::string hashable = tensorizer::hashable_header(raw, info.header_bytes.size(), info.header);
+    return nb::make_tuple(static_cast<int>(info.module_idx), hashes,
+                          nb::bytes(hashable.data(), hashable.size()));
+  }
+
+  std::unique_ptr<Reader> reader_;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+void register_reader(nb::module_& m) {
+  nb::class_<PyReader>(m, "Reader")
+      .def_static("open", &PyReader::open, nb::arg("uri"), nb::arg("transport"),
+                  nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
+                  nb::rv_policy::take_ownership)
+      .def_static("from_bytes", &PyReader::from_bytes, nb::arg("data"), nb::arg("name"),
+                  nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
+                  nb::rv_policy::take_ownership)
+      .def("entries", &PyReader::entries)
+      .def("load", &PyReader::load, nb::arg("indices"), nb::arg("addresses"),
+           nb::arg("num_workers") = 0, nb::arg("verify_hash") = false)
+      .def("can_map", &PyReader::can_map, nb::arg("entry"))
+      .def("map", &PyReader::map, nb::arg("indices"), nb::arg("num_workers") = 0,
+           nb::arg("verify_hash") = false)
+      .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))
+      .def("header_info", &PyReader::header_info, nb::arg("entry"))
+      .def("known_header_info", &PyReader::known_header_info, nb::arg("entry"))
+      .def("verify_all", &PyReader::verify_all, nb::arg("num_workers") = 0)
+      .def("close", &PyReader::close)
+      .def_prop_ro("closed", &PyReader::closed)
+      .def_prop_ro("uri", [](PyReader& r) { return r.get().uri(); })
+      .def_prop_ro("version", [](PyReader& r) { return r.get().header().version; })
+      .def_prop_ro("flags", [](PyReader& r) { return r.get().header().flags; })
+      .def_prop_ro("tensor_size", [](PyReader& r) { return r.get().header().tensor_size; })
+      .def_prop_ro("tensor_count", [](PyReader& r) { return r.get().header().tensor_count; })
+      .def_prop_ro("index_size", [](PyReader& r) { return r.get().header().index_size; })
+      .def_prop_ro("encrypted", [](PyReader& r) { return r.get().encrypted(); })
+      .def_prop_ro("bytes_read", [](PyReader& r) { return r.get().bytes_read(); });
+}
+
+}  // namespace tzpy

@@ -1,0 +1,103 @@
+// `_C.Source` and `_C.upload_file`: the engine's transports as Python file-like building blocks
+// for tensorizer.stream_io (open_stream on http(s)://, s3://, redis:// URIs, and S3 uploads).
+// Reads land directly in the caller's buffer with the GIL released.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+
+#include "bindings.h"
+#include "tensorizer/error.h"
+#include "tensorizer/transport.h"
+
+namespace tzpy {
+namespace {
+
+// A writable contiguous buffer of any object supporting the buffer protocol.
+class WritableBuffer {
+ public:
+  explicit WritableBuffer(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
+      throw nb::python_error();
+  }
+  ~WritableBuffer() { PyBuffer_Release(&view_); }
+  WritableBuffer(const WritableBuffer&) = delete;
+  WritableBuffer& operator=(const WritableBuffer&) = delete;
+  void* data() const { return view_.buf; }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+class PySource {
+ public:
+  explicit PySource(std::unique_ptr<tensorizer::Source> s) : source_(std::move(s)) {}
+
+  static PySource* open(const std::string& uri, const tensorizer::TransportOptions& transport) {
+    std::unique_ptr<tensorizer::Source> s;
+    {
+      nb::gil_scoped_release release;
+      s = tensorizer::open_source(uri, transport);
+    }
+    return new PySource(std::move(s));
+  }
+
+  tensorizer::Source& get() {
+    if (!source_) throw nb::value_error("I/O operation on a closed stream");
+    return *source_;
+  }
+
+  // Reads min(len(buffer), size - offset) bytes at `offset` into `buffer`; returns the count.
+  size_t read_into(uint64_t offset, nb::handle buffer) {
+    tensorizer::Source& s = get();
+    WritableBuffer buf(buffer);
+    size_t n = 0;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t size = s.size();
+      if (offset < size) {
+        n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - offset));
+        if (n) s.read_at(offset, buf.data(), n);
+      }
+    }
+    return n;
+  }
+
+  void close() { source_.reset(); }
+  bool closed() const { return !source_; }
+
+ private:
+  std::unique_ptr<tensorizer::Source> source_;
+  std::mutex mu_;
+};
+
+// Copies a local file to any sink URI (S3 upload, another path) with the engine's streaming copy.
+uint64_t upload_file(const std::string& path, const std::string& uri, const tensorizer::TransportOptions& transport) {
+  nb::gil_scoped_release release;
+  return tensorizer::copy_object(path, uri, transport);
+}
+
+}  // namespace
+
+void register_source(nb::module_& m) {
+  nb::class_<PySource>(m, "Source")
+      .def_static("open", &PySource::open, nb::arg("uri"), nb::arg("transport"), nb::rv_policy::take_ownership)
+      .def("read_into", &PySource::read_into, nb::arg("offset"), nb::arg("buffer"))
+      .def("close", &PySource::close)
+      .def_prop_ro("closed", &PySource::closed)
+      .def_prop_ro("size", [](PySource& s) {
+        tensorizer::Source& src = s.get();
+        nb::gil_scoped_release release;
+        return src.size();
+      })
+      .def_prop_ro("uri", [](PySource& s) { return s.get().uri(); })
+      .def_prop_ro("bytes_read", [](PySource& s) { return s.get().bytes_read(); });
+  m.def("upload_file", &upload_file, nb::arg("path"), nb::arg("uri"), nb::arg("transport"),
+        "Copies a local file to `uri` through the engine (e.g. an S3 upload); returns the bytes copied.");
+}
+
+}  // namespace tzpy

@@ -1,0 +1,952 @@
+"""TensorSerializer and TensorDeserializer: the reference tensorizer API over the C++ engine.
+
+This layer maps torch/numpy objects to engine calls and reproduces the reference's behaviour
+(spec §4, §6): it allocates destination tensors with torch and hands their addresses to the
+engine, which reads, decrypts and verifies with the GIL released; it never touches tensor bytes
+itself. Deliberate departures from the reference are listed in docs/python-decisions.md.
+"""
+
+import collections.abc
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import stat
+import threading
+import types
+import typing
+import warnings
+from enum import IntEnum
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import numpy
+import torch
+
+from . import _C
+from . import _dtypes
+from . import _tensor_path
+from . import stream_io
+from . import utils
+from ._crypt import DecryptionParams, EncryptionParams
+from ._errors import CryptographyError, HashMismatchError  # noqa: F401 (public here, as in the reference)
+from ._tensor_path import TensorPath
+
+__all__ = [
+    "TensorSerializer",
+    "TensorDeserializer",
+    "TensorType",
+    "CryptographyError",
+    "EncryptionParams",
+    "DecryptionParams",
+    "FilterFuncType",
+]
+
+logger = logging.getLogger(__name__)
+
+cpu_count: int = _C.usable_cores()
+
+FilterFuncType = Callable[[Union[str, Sequence[Union[str, int]]]], Any]
+
+
+class TensorType(IntEnum):
+    """Whether a tensor is a module parameter, a module buffer, or a state-dict entry."""
+
+    PARAM = 0
+    BUFFER = 1
+    STATE_DICT = 2
+
+
+class HashType(IntEnum):
+    CRC32 = 0
+    SHA256 = 1
+
+
+# Data versions (spec §1.3): the engine writes the lowest one a file needs.
+TENSORIZER_VERSION = 5
+LONG_TENSOR_TENSORIZER_VERSION = 5
+META_TENSOR_TENSORIZER_VERSION = 4
+ENCRYPTION_TENSORIZER_VERSION = 3
+OPAQUE_TENSORIZER_VERSION = 2
+NON_OPAQUE_TENSORIZER_VERSION = 1
+TENSORIZER_MAGIC = b"|TZR|"
+OPAQUE_DTYPE_SEP = "\0"
+
+
+@dataclasses.dataclass(order=True)
+class TensorHash:
+    __slots__ = ("type", "hash")
+    type: HashType
+    hash: bytes
+
+
+@dataclasses.dataclass
+class TensorEntry:
+    """One index entry, as the reference exposes it in ``TensorDeserializer._metadata``."""
+
+    metadata_version: int
+    name: TensorPath
+    type: TensorType
+    dtype: str
+    shape: Tuple[int, ...]
+    offset: int
+    data_offset: int
+    data_length: int
+    hashes: Optional[List[TensorHash]]
+    header_hashes: Optional[Dict[HashType, Any]]
+
+    @property
+    def deserialized_length(self) -> int:
+        """Bytes of the loaded tensor (meta tensors count their full size)."""
+        if self.data_length > 0:
+            return self.data_length
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * _dtypes.parse(self.dtype).itemsize
+
+    @property
+    def is_long_tensor(self) -> bool:
+        return self.metadata_version >= LONG_TENSOR_TENSORIZER_VERSION
+
+
+@dataclasses.dataclass
+class _Record:
+    """What the deserializer knows about one tensor beyond its TensorEntry."""
+
+    index: int  # position in the engine's index
+    entry: TensorEntry
+    dtype: "_dtypes.StoredDType"
+    expected_bytes: int
+    module_idx: Optional[int] = None
+    hashable_header: Optional[bytes] = None
+
+
+def _file_label(file_obj: Any) -> str:
+    name = getattr(file_obj, "name", None)
+    if isinstance(name, (str, bytes)) and name:
+        return os.fsdecode(name)
+    return f"<{type(file_obj).__name__}>"
+
+
+def _regular_fd(file_obj: Any) -> Optional[int]:
+    """The file object's descriptor when it is a regular file, else None."""
+    fileno = getattr(file_obj, "fileno", None)
+    if not callable(fileno):
+        return None
+    try:
+        fd = fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    if not isinstance(fd, int) or fd < 0:
+        return None
+    try:
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+
+
+def _path_for_fd(file_obj: Any, fd: int) -> str:
+    """A path that opens the same file as `fd`: its name when that still matches, else /proc."""
+    name = getattr(file_obj, "name", None)
+    if isinstance(name, (str, bytes)):
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(name)):
+                return os.fsdecode(name)
+        except OSError:
+            pass
+    return f"/proc/self/fd/{fd}"
+
+
+def _local_uri(path: Union[str, bytes, os.PathLike]) -> str:
+    """A path-like object is always a local file, even if it looks like a URI."""
+    path = os.fsdecode(os.fspath(path))
+    return "file://" + path if "://" in path else path
+
+
+# ---------------------------------------------------------------------------------------------
+# Deserializer
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_cuda_device() -> torch.device:
+    """The contextually active CUDA device (spec §4.9), without initialising CUDA needlessly."""
+    try:
+        mode = torch.overrides._get_current_function_mode()  # torch.device(...) context
+        ctx = getattr(mode, "device", None)
+    except (AttributeError, TypeError):
+        ctx = None
+    if ctx is None and hasattr(torch, "get_default_device"):  # torch >= 2.3
+        ctx = torch.get_default_device()
+    if ctx is None:
+        ctx = "cpu"
+    ctx = torch.device(ctx)
+    if ctx.type == "cuda" and ctx.index is not None:
+        return ctx
+    if torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", 0)
+
+
+class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextManager):
+    """Reads a .tensors file into torch tensors; a read-only Mapping of its top-level keys.
+
+    Args:
+        file_obj: a path, a URI (``http(s)://``, ``s3://``, ``redis://``, any transport the
+            engine knows), a stream from ``stream_io.open_stream``, or a readable binary file
+            object.
+        device: where tensors go (None: CUDA if available, else CPU).
+        filter_func: ``(name: str | tuple) -> bool``; tensors it rejects are left out entirely.
+        dtype: cast floating-point tensors to this dtype (see docs/python-decisions.md).
+        lazy_load: load on access instead of everything at construction.
+        plaid_mode, plaid_mode_buffers: accepted and ignored, as in the reference.
+        num_readers: engine workers (None: one per usable core, or what the transport prefers).
+        verify_hash: check CRC32/SHA-256 of every tensor loaded (HashMismatchError).
+        encryption: DecryptionParams for encrypted files.
+        mmap: load large tensors of a local, unencrypted file by mapping them copy-on-write
+            from the page cache instead of copying them (zero-copy, pre-faulted in parallel;
+            writes to a tensor never reach the file). The file must not be truncated or
+            rewritten in place while such tensors live. None: the ``TENSORIZER_MMAP``
+            environment variable ("1" enables), else off. An extension of the reference API.
+    """
+
+    def __init__(
+        self,
+        file_obj: Union[io.BufferedIOBase, io.RawIOBase, typing.BinaryIO, str, bytes, os.PathLike, int],
+        device: Optional[Union[torch.device, str]] = None,
+        filter_func: Optional[FilterFuncType] = None,
+        dtype: Optional[torch.dtype] = None,
+        *,
+        lazy_load: bool = False,
+        plaid_mode: Optional[bool] = None,
+        plaid_mode_buffers: Optional[int] = None,
+        num_readers: Optional[int] = None,
+        verify_hash: bool = False,
+        encryption: Optional[DecryptionParams] = None,
+        mmap: Optional[bool] = None,
+    ):
+        del plaid_mode, plaid_mode_buffers  # accepted for compatibility; no effect
+        self._reader = None
+        self._file = None  # a caller's file object, closed with the source (as the reference does)
+        self._lock = threading.RLock()
+        self._cache: Dict[TensorPath, torch.nn.Parameter] = {}
+        self._bytes_read_closed = 0
+        self._read_cursor = -1  # position of the last tensor yielded by read_tensors()
+
+        device = utils.get_device() if device is None else torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("Cannot deserialize to CUDA device because CUDA is not available")
+        self._device_is_dynamic = device.type == "cuda" and device.index is None and lazy_load
+        if device.type == "cuda" and device.index is None:
+            device = _resolve_cuda_device()
+        self._device: torch.device = device
+
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype: expected torch.dtype or None, got {dtype.__class__.__name__}")
+        self._dtype = dtype
+        self._verify_hash = bool(verify_hash)
+        self._lazy_load = bool(lazy_load)
+        if mmap is None:
+            mmap = os.environ.get("TENSORIZER_MMAP", "") == "1"
+        self._mmap = bool(mmap)
+
+        if num_readers is not None:
+            if isinstance(num_readers, bool) or not isinstance(num_readers, int):
+                raise TypeError(f"num_readers: expected int or None, got {num_readers.__class__.__name__}")
+            if num_readers < 1:
+                raise ValueError("num_readers must be positive")
+        self._num_readers = num_readers or 0
+
+        if encryption is not None and not isinstance(encryption, DecryptionParams):
+            raise TypeError(
+                "encryption parameter: expected DecryptionParams instance"
+                f" or None, {encryption.__class__.__name__} found"
+            )
+        key, passphrase = encryption._engine_args() if encryption is not None else (None, None)
+        self._encrypted = encryption is not None
+
+        self._reader = self._open(file_obj, key, passphrase)
+        self._file_label = self._reader.uri
+        reader = self._reader
+        self._version = reader.version
+        self.total_file_bytes: int = reader.tensor_size
+        self.total_compressed_tensor_bytes = 0
+        self.read_bytes = 0
+
+        self._records: Dict[TensorPath, _Record] = {}
+        for i, raw in enumerate(reader.entries()):
+            (_name, path, ttype, dtype_str, shape, offset, data_offset, data_length, expected, _np, _tn, _isz, _opq) = (
+                raw
+            )
+            path = TensorPath(path)
+            entry = TensorEntry(
+                metadata_version=5 if any(d >= 1 << 32 for d in shape) else 1,
+                name=path,
+                type=TensorType(ttype),
+                dtype=dtype_str,
+                shape=tuple(shape),
+                offset=offset,
+                data_offset=data_offset,
+                data_length=data_length,
+                hashes=None,
+                header_hashes=None,
+            )
+            self._records[path] = _Record(i, entry, _dtypes.parse(dtype_str), expected)
+        if filter_func is not None:
+            self._records = {p: r for p, r in self._records.items() if filter_func(p.normalize_())}
+        self._metadata: Dict[TensorPath, TensorEntry] = {p: r.entry for p, r in self._records.items()}
+        self._order: Dict[TensorPath, int] = {p: k for k, p in enumerate(self._records)}
+        self._structure = _tensor_path.build_tree(list(self._records))
+
+        self.total_tensor_bytes: int = sum(r.expected_bytes for r in self._records.values())
+        if not self._lazy_load:
+            self._bulk_load(list(self._records), None)
+            self.total_tensor_bytes = sum(r.entry.data_length for r in self._records.values())
+            self._close_source()
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _open(self, file_obj: Any, key, passphrase):
+        transport = _C.TransportOptions()
+        if isinstance(file_obj, stream_io._EngineStreamFile):
+            self._file = file_obj
+            return _C.Reader.open(file_obj.uri, file_obj.transport_options, key, passphrase)
+        if isinstance(file_obj, os.PathLike):
+            return _C.Reader.open(_local_uri(file_obj), transport, key, passphrase)
+        if isinstance(file_obj, bytes):
+            return _C.Reader.open(_local_uri(file_obj), transport, key, passphrase)
+        if isinstance(file_obj, str):
+            return _C.Reader.open(file_obj, transport, key, passphrase)
+        if isinstance(file_obj, int) and not isinstance(file_obj, bool):
+            return _C.Reader.open(f"/proc/self/fd/{file_obj}", transport, key, passphrase)
+        self._mode_check(file_obj)
+        self._file = file_obj
+        fd = _regular_fd(file_obj)
+        if fd is not None:
+            return _C.Reader.open(_path_for_fd(file_obj, fd), transport, key, passphrase)
+        # No descriptor (BytesIO, pipes, custom objects): the engine reads from a copy in memory.
+        with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
+            if file_obj.seekable():
+                file_obj.seek(0)
+        data = file_obj.read()
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        return _C.Reader.from_bytes(data, _file_label(file_obj), key, passphrase)
+
+    @staticmethod
+    def _mode_check(file_obj: Any) -> None:
+        try:
+            readable = file_obj.readable()
+        except AttributeError:
+            readable = hasattr(file_obj, "read")
+        if isinstance(file_obj, io.TextIOBase) or not readable:
+            mode = getattr(file_obj, "mode", "")
+            raise ValueError(
+                'TensorDeserializer\'s file_obj must be readable and in binary mode (mode="rb"{})'.format(
+                    mode and f', current mode="{mode}"'
+                )
+            )
+
+    def _close_source(self) -> None:
+        with self._lock:
+            if self._reader is not None and not self._reader.closed:
+                self._bytes_read_closed = self._reader.bytes_read
+                self._reader.close()
+            if self._file is not None:
+                with contextlib.suppress(Exception):
+                    self._file.close()
+
+    def close(self) -> None:
+        """Releases the source (and a file object passed in). Loaded tensors stay usable."""
+        if getattr(self, "_reader", None) is not None:
+            self._close_source()
+
+    def __exit__(self, exc_type, exc_val, traceback):
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def _cast_target(self, stored: torch.dtype) -> Optional[torch.dtype]:
+        """The dtype to cast a stored dtype to: only within its kind (float, complex, int)."""
+        target = self._dtype
+        if target is None or target == stored or stored == torch.bool:
+            return None
+        kind = (stored.is_floating_point, stored.is_complex)
+        if kind != (target.is_floating_point, target.is_complex) or target == torch.bool:
+            return None
+        return target
+
+    def _bulk_load(
+        self, paths: Sequence[TensorPath], verify_hash: Optional[bool]
+    ) -> Dict[TensorPath, torch.nn.Parameter]:
+        """Loads (or takes from the cache) every path; one engine call for the uncached ones."""
+        with self._lock:
+            missing = [p for p in paths if p not in self._cache]
+            if missing:
+                self._load_uncached(missing, self._verify_hash if verify_hash is None else verify_hash)
+            return {p: self._cache[p] for p in paths}
+
+    def _load_uncached(self, paths: List[TensorPath], verify_hash: bool) -> None:
+        if self._reader is None or self._reader.closed:
+            raise OSError(f"'{self._file_label}' is closed; create a new TensorDeserializer to load again")
+        if self._device_is_dynamic:
+            self._device = _resolve_cuda_device()
+        records = [self._records[p] for p in paths]
+        if self._mmap and self._device.type == "cpu":
+            paths, records = self._map_uncached(paths, records, verify_hash)
+        destinations = []
+        for r in records:
+            torch_dtype = r.dtype.torch
+            if torch_dtype is None:
+                raise ValueError(
+                    f"Tensor {_tensor_path.display(r.entry.name)!r} in '{self._file_label}'"
+                    f" has dtype {r.entry.dtype!r}, which names no torch dtype"
+                )
+            destinations.append(_dtypes.empty(r.entry.shape, torch_dtype))
+        indices = [r.index for r in records]
+        addresses = [t.data_ptr() for t in destinations]
+        infos = self._reader.load(indices, addresses, self._num_readers, verify_hash)
+        device = self._device
+        for path, r, tensor, info in zip(paths, records, destinations, infos):
+            r.module_idx, hashes, r.hashable_header = info
+            r.entry.hashes = [TensorHash(HashType(t), h) for t, h in hashes]
+            grad = _dtypes.requires_grad(tensor.dtype)
+            target = self._cast_target(tensor.dtype)
+            if device.type != "cpu" or target is not None:
+                tensor = tensor.to(device=device, dtype=target)
+            self._cache[path] = torch.nn.Parameter(tensor, requires_grad=grad)
+
+    def _map_uncached(self, paths: List[TensorPath], records: List["_Record"], verify_hash: bool):
+        """Maps what can be mapped (zero-copy); returns the paths and records left to copy."""
+        mappable = [
+            k
+            for k, r in enumerate(records)
+            if r.dtype.torch is not None
+            and self._cast_target(r.dtype.torch) is None
+            and self._reader.can_map(r.index)
+        ]
+        if not mappable:
+            return paths, records
+        mapped = self._reader.map([records[k].index for k in mappable], self._num_readers, verify_hash)
+        for k, (raw, info) in zip(mappable, mapped):
+            r = records[k]
+            r.module_idx, hashes, r.hashable_header = info
+            r.entry.hashes = [TensorHash(HashType(t), h) for t, h in hashes]
+            tensor = raw.view(r.dtype.torch).view(r.entry.shape)
+            self._cache[paths[k]] = torch.nn.Parameter(tensor, requires_grad=_dtypes.requires_grad(tensor.dtype))
+        done = set(mappable)
+        rest = [k for k in range(len(records)) if k not in done]
+        return [paths[k] for k in rest], [records[k] for k in rest]
+
+    # -- Mapping view ------------------------------------------------------------------------
+
+    def __getitem__(self, name) -> Union[torch.nn.Parameter, typing.Mapping]:
+        path = TensorPath((name,))
+        cached = self._cache.get(path)
+        if cached is not None:
+            return cached
+        if name not in self._structure:
+            raise KeyError(f"Tensor {name} not found")
+        if isinstance(self._structure[name], TensorPath):
+            return self._bulk_load([path], None)[path]
+        return self._load_prefixed(path, use_proxies=True) or types.MappingProxyType({})
+
+    def __iter__(self):
+        return iter(self._structure)
+
+    def __len__(self) -> int:
+        return len(self._structure)
+
+    def __contains__(self, key) -> bool:
+        return key in self._structure
+
+    def keys(self):
+        return self._structure.keys()
+
+    def _load_prefixed(
+        self,
+        prefix: Tuple,
+        use_proxies: bool,
+        filter_func: Optional[FilterFuncType] = None,
+    ):
+        n = len(prefix)
+        paths = [p for p in self._records if p[:n] == prefix and (filter_func is None or filter_func(p.normalize_()))]
+        if not paths:
+            return None
+        loaded = self._bulk_load(paths, None)
+        tree = _tensor_path.restructure(loaded, use_proxies)
+        for component in prefix:
+            tree = tree[0] if isinstance(tree, list) else tree[component]
+        return tree
+
+    def tree(
+        self,
+        prefix: Optional[Iterable[Union[str, int]]] = None,
+        *,
+        default: Any = None,
+        filter_func: Optional[FilterFuncType] = None,
+    ) -> Any:
+        """Loads the (sub)tree under `prefix` as nested dicts/lists, or a leaf tensor.
+
+        Levels with int keys become lists (ordered by index), str keys dicts. Returns `default`
+        when no tensor matches.
+        """
+        if prefix is None:
+            prefix = ()
+        if isinstance(prefix, (str, int)):
+            raise TypeError(
+                f"Invalid prefix: expected sequence, got {prefix.__class__.__name__!r}"
+                " (for a single-element prefix, use a single-element sequence)"
+            )
+        result = self._load_prefixed(tuple(prefix), use_proxies=False, filter_func=filter_func)
+        return default if result is None else result
+
+    # -- iteration APIs ----------------------------------------------------------------------
+
+    def _next_paths(self, filter_func, num_tensors: int) -> List[TensorPath]:
+        if num_tensors < 0 and num_tensors != -1:
+            raise ValueError("num_tensors must be -1 or non-negative")
+        paths = list(self._records)[self._read_cursor + 1 :]
+        if filter_func is not None:
+            paths = [p for p in paths if filter_func(p.normalize_())]
+        if num_tensors != -1:
+            paths = paths[:num_tensors]
+        return paths
+
+    def read_tensors(
+        self,
+        filter_func: Optional[FilterFuncType] = None,
+        num_tensors: int = -1,
+        verify_hash: Optional[bool] = None,
+    ) -> Iterator[Tuple[int, int, Union[str, tuple], torch.nn.Parameter]]:
+        """Yields ``(module_idx, tensor_type, name, tensor)`` in file order.
+
+        Repeated calls continue after the last tensor this method (or read_numpy_arrays)
+        yielded, so ``num_tensors`` can page through a file.
+        """
+        paths = self._next_paths(filter_func, num_tensors)
+        if not paths:
+            return
+        loaded = self._bulk_load(paths, verify_hash)
+        for path in paths:
+            r = self._records[path]
+            self._read_cursor = self._order[path]
+            yield r.module_idx or 0, r.entry.type, path.normalize_(), loaded[path]
+
+    def read_numpy_arrays(
+        self,
+        filter_func: Optional[FilterFuncType] = None,
+        num_tensors: int = -1,
+        allow_raw_data: bool = False,
+        verify_hash: Optional[bool] = None,
+    ) -> Iterator[Tuple[int, int, Union[str, tuple], numpy.ndarray, bool, Optional[str]]]:
+        """Yields ``(module_idx, tensor_type, name, array, is_opaque, torch_dtype)`` (CPU only).
+
+        Opaque dtypes (no numpy equivalent, e.g. bfloat16) raise ValueError unless
+        `allow_raw_data`, in which case the array holds the raw bits as the signed int type of
+        the same size and `torch_dtype` names the real type.
+        """
+        if self._device.type != "cpu":
+            raise RuntimeError("read_numpy_arrays is only valid when deserializing to the CPU")
+        paths = self._next_paths(filter_func, num_tensors)
+        if not paths:
+            return
+        loaded = self._bulk_load(paths, verify_hash)
+        for path in paths:
+            r = self._records[path]
+            tensor = loaded[path].detach()
+            opaque = r.dtype.opaque and tensor.dtype == r.dtype.torch
+            if opaque:
+                raw_dtype = _dtypes.numpy_dtype(r.dtype)
+                if not allow_raw_data:
+                    raise ValueError(
+                        f"{path.normalize_()} has an opaque datatype: "
+                        f"(Torch: {r.dtype.torch_name}, Numpy: {raw_dtype.str}). "
+                        "Set `allow_raw_data=True` to return as a numpy array "
+                        f"with a datatype of {raw_dtype.str}"
+                    )
+                int_dtype = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[r.dtype.itemsize]
+                array = tensor.view(int_dtype).numpy()
+            else:
+                array = tensor.numpy()
+            self._read_cursor = self._order[path]
+            yield (
+                r.module_idx or 0,
+                r.entry.type,
+                path.normalize_(),
+                array,
+                opaque,
+                r.dtype.torch_name if opaque else None,
+            )
+
+    # -- modules -----------------------------------------------------------------------------
+
+    def load_into_module(
+        self,
+        m: torch.nn.Module,
+        filter_func: Optional[FilterFuncType] = None,
+        verify_hash: Optional[bool] = None,
+    ) -> int:
+        """Registers every (filtered) PARAM/BUFFER tensor on `m`; returns how many were selected.
+
+        Parameters become ``nn.Parameter`` attributes; buffers are registered as plain tensors
+        and keep the persistence they had on the module. Closes the source, as the reference does.
+        """
+        paths = [p for p in self._records if filter_func is None or filter_func(p.normalize_())]
+        for path in paths:
+            entry = self._records[path].entry
+            if entry.type == TensorType.STATE_DICT:
+                raise NotImplementedError(
+                    "This was serialized using TensorSerializer.write_state_dict(), so it cannot be"
+                    " loaded using TensorDeserializer.load_into_module()."
+                    " Use the TensorDeserializer object directly as a state_dict mapping instead."
+                    f" (tensor {_tensor_path.display(path)!r} in '{self._file_label}')"
+                )
+            if not path.is_str_:
+                raise NotImplementedError(
+                    "Cannot deserialize structured tensor keys as a module;"
+                    " try using the TensorDeserializer directly as a state_dict mapping instead."
+                    f" (tensor {_tensor_path.display(path)!r} in '{self._file_label}')"
+                )
+        modules = dict(m.named_modules(remove_duplicate=False))
+        loaded = self._bulk_load(paths, verify_hash)
+        for path in paths:
+            name = path[0]
+            module_path, _, attr = name.rpartition(".")
+            module = modules.get(module_path)
+            if module is None:
+                raise KeyError(
+                    f"Module {module_path!r} (for tensor {name!r} in '{self._file_label}')"
+                    " does not exist in the given torch.nn.Module"
+                )
+            tensor = loaded[path]
+            if self._records[path].entry.type == TensorType.PARAM:
+                module.register_parameter(attr, tensor)
+            else:
+                persistent = attr not in getattr(module, "_non_persistent_buffers_set", ())
+                module.register_buffer(attr, tensor.data, persistent=persistent)
+        self._close_source()
+        return len(paths)
+
+    def verify_module(self, m: torch.nn.Module) -> Tuple[bool, List[Tuple[Union[str, tuple], bool]]]:
+        """Checks a live module's tensors against the stored hashes of the loaded tensors."""
+        tensors: Dict[Any, torch.Tensor] = {}
+        tensors.update(m.state_dict())
+        tensors.update(m.named_buffers())
+        results: List[Tuple[Any, bool]] = []
+        for path, r in self._records.items():
+            name = path.normalize_()
+            tensor = tensors.get(name)
+            if tensor is None and isinstance(name, str) and name.startswith("."):
+                tensor = tensors.get(name[1:])  # root-level names from write_module (".w")
+            if tensor is None:
+                results.append((name, False))
+                continue
+            if r.entry.hashes is None or r.hashable_header is None:
+                raise RuntimeError(
+                    f"No hashes found in metadata for {name}. This is usually"
+                    " caused by a TensorDeserializer that was instantiated"
+                    " with lazy_load=True, and not loaded into a module before"
+                    " calling this."
+                )
+            results.append((name, self._matches_hashes(r, tensor)))
+        reported = {name for name, _ in results}
+        for key in self.keys():
+            if key not in tensors and key not in reported and f".{key}" not in reported:
+                results.append((key, False))
+        return all(ok for _, ok in results), results
+
+    @staticmethod
+    def _matches_hashes(r: _Record, tensor: torch.Tensor) -> bool:
+        if tensor.is_meta:
+            return False
+        t = tensor.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
+        nbytes = t.numel() * t.element_size()
+        if r.entry.data_length == 0:
+            nbytes = 0  # meta/empty: the hash covers the header only
+        elif nbytes != r.entry.data_length:
+            return False
+        crc, sha = _C.compute_hashes(r.hashable_header, t.data_ptr(), nbytes)
+        for h in r.entry.hashes:
+            want = crc.to_bytes(4, "little") if h.type == HashType.CRC32 else sha
+            if h.hash != want:
+                return False
+        return True
+
+    # -- other members -----------------------------------------------------------------------
+
+    @property
+    def total_bytes_read(self) -> int:
+        """Bytes read from the source so far (index included)."""
+        reader = self._reader
+        if reader is not None and not reader.closed:
+            return reader.bytes_read
+        return self._bytes_read_closed
+
+    @property
+    def cache_status(self) -> Optional[str]:
+        return None
+
+    def to_redis(self, redis_client, key_prefix: str, force: bool = False) -> None:
+        """Copies the file into Redis keys the way tensorizer lays them out (spec §5.6)."""
+        if self._reader is None or self._reader.closed:
+            raise OSError(f"'{self._file_label}' is closed; use lazy_load=True to copy it to Redis")
+        reader = self._reader
+        redis_client.set(f"{key_prefix}:header:0", reader.read_raw(0, 73 + reader.index_size))
+        for path, r in self._records.items():
+            e = r.entry
+            name = path.serialized_().decode("utf-8")
+            if not force and redis_client.exists(f"{key_prefix}:{name}:{e.offset}"):
+                continue
+            redis_client.set(f"{key_prefix}:{name}:{e.offset}", reader.read_raw(e.offset, e.data_offset - e.offset))
+            redis_client.set(f"{key_prefix}:{name}:{e.data_offset}", reader.read_raw(e.data_offset, e.data_length))
+
+
+# ---------------------------------------------------------------------------------------------
+# Serializer
+# ---------------------------------------------------------------------------------------------
+
+
+class _Request(typing.NamedTuple):
+    fields: tuple  # (path, type, module_idx, dtype, shape, address, meta) for _C.Writer.write
+    keepalive: Any  # the memory behind `address`, held until the write returns
+
+
+def _tensor_request(path, tensor_type: int, idx: int, tensor: Any) -> _Request:
+    label = _tensor_path.display(TensorPath.wrap_(path))
+    if isinstance(tensor, torch.Tensor):
+        if tensor.is_quantized or tensor.dtype in _dtypes.QUANTIZED:
+            raise NotImplementedError(f"Serialization for {tensor.dtype} is not implemented. (tensor {label!r})")
+        if tensor.layout != torch.strided:
+            raise NotImplementedError(f"Cannot serialize {tensor.layout} tensor {label!r}: only dense tensors")
+        dtype = _dtypes.dtype_string(tensor.dtype)
+        shape = list(tensor.shape)
+        if tensor.is_meta:
+            _warn_unreadable_opaque(label, dtype, shape, meta=True)
+            return _Request((path, tensor_type, idx, dtype, shape, 0, True), None)
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        t = t.resolve_conj().resolve_neg()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.numel() == 0:
+            _warn_unreadable_opaque(label, dtype, shape, meta=False)
+        return _Request((path, tensor_type, idx, dtype, shape, t.data_ptr(), False), t)
+    if isinstance(tensor, numpy.ndarray):
+        try:
+            torch.from_numpy(numpy.empty((), dtype=tensor.dtype))
+        except Exception as e:
+            raise TypeError(f"Cannot serialize an array with dtype {tensor.dtype.name} (tensor {label!r})") from e
+        arr = tensor if tensor.flags.c_contiguous else numpy.ascontiguousarray(tensor)
+        return _Request((path, tensor_type, idx, arr.dtype.str, list(arr.shape), arr.ctypes.data, False), arr)
+    raise TypeError(
+        f"Cannot serialize {type(tensor).__name__} as tensor {label!r}: expected torch.Tensor or numpy.ndarray"
+    )
+
+
+def _warn_unreadable_opaque(label: str, dtype: str, shape: List[int], meta: bool) -> None:
+    n = 1
+    for d in shape:
+        n *= d
+    if OPAQUE_DTYPE_SEP in dtype and (meta or n == 0):
+        warnings.warn(
+            f"Tensor {label!r} is a {'meta' if meta else 'zero-element'} tensor of opaque dtype"
+            f" {dtype.split(OPAQUE_DTYPE_SEP)[1]}: this package reads it back, but the reference"
+            " tensorizer (<= 2.12.1) cannot open a file that contains one",
+            stacklevel=4,
+        )
+
+
+class TensorSerializer:
+    """Writes tensors to a .tensors file readable by tensorizer 2.11+ (and this package).
+
+    Args:
+        file_obj: a path or URI (written under a temporary name and moved into place, or
+            uploaded, on close), or an open binary file object that is writable and seekable.
+        compress_tensors: accepted and ignored, as in the reference.
+        encryption: EncryptionParams to encrypt tensor data.
+        limit_cpu_concurrency: cap on the engine's hashing/writing threads.
+    """
+
+    def __init__(
+        self,
+        file_obj: Union[io.BufferedIOBase, io.RawIOBase, typing.BinaryIO, str, bytes, os.PathLike, int],
+        compress_tensors: bool = False,
+        *,
+        encryption: Optional[EncryptionParams] = None,
+        limit_cpu_concurrency: Optional[int] = None,
+    ) -> None:
+        self._writer = None
+        self._file = None
+        if limit_cpu_concurrency is not None:
+            if isinstance(limit_cpu_concurrency, bool) or not isinstance(limit_cpu_concurrency, int):
+                raise TypeError(
+                    "limit_cpu_concurrency parameter: expected int or None,"
+                    f" {limit_cpu_concurrency.__class__.__name__} found"
+                )
+            if limit_cpu_concurrency < 1:
+                raise ValueError(
+                    "limit_cpu_concurrency parameter: must be positive"
+                    f" (or None for unbound), got {limit_cpu_concurrency}"
+                )
+        self.cpu_limit: int = limit_cpu_concurrency or cpu_count
+        if encryption is not None and not isinstance(encryption, EncryptionParams):
+            raise TypeError(
+                "encryption parameter: expected EncryptionParams instance"
+                f" or None, {encryption.__class__.__name__} found"
+            )
+        self._encrypted = encryption is not None
+        key, kdf = encryption._engine_args() if encryption is not None else (None, None)
+        workers = limit_cpu_concurrency or 0
+        self.compress_tensors = compress_tensors
+        self.total_compressed_tensor_bytes = 0
+        self._final_tensor_bytes = 0
+        self._lock = threading.Lock()
+
+        if isinstance(file_obj, (os.PathLike, bytes)):
+            self._writer = _C.Writer.open(_local_uri(file_obj), _C.TransportOptions(), key, kdf, workers)
+        elif isinstance(file_obj, str):
+            self._writer = _C.Writer.open(file_obj, _C.TransportOptions(), key, kdf, workers)
+        elif isinstance(file_obj, int) and not isinstance(file_obj, bool):
+            self._writer = _C.Writer.to_file(None, file_obj, f"<fd {file_obj}>", key, kdf, workers)
+        else:
+            self._mode_check(file_obj)
+            seekable = getattr(file_obj, "seekable", None)
+            if callable(seekable) and not seekable():
+                raise ValueError("file_obj must support seeking for serialization")
+            if hasattr(file_obj, "flush"):
+                file_obj.flush()
+            fd = _regular_fd(file_obj)
+            self._file = file_obj
+            self._writer = _C.Writer.to_file(
+                file_obj, -1 if fd is None else fd, _file_label(file_obj), key, kdf, workers
+            )
+
+    @staticmethod
+    def _mode_check(file_obj: Any) -> None:
+        try:
+            writable = file_obj.writable()
+        except AttributeError:
+            writable = hasattr(file_obj, "write")
+        if isinstance(file_obj, io.TextIOBase) or not writable:
+            mode = getattr(file_obj, "mode", "")
+            raise ValueError(
+                'TensorSerializer\'s file_obj must be writable, seekable, and in binary mode (mode="wb+"{})'.format(
+                    mode and f', current mode="{mode}"'
+                )
+            )
+
+    @property
+    def total_tensor_bytes(self) -> int:
+        """Sum of the data lengths written so far (the file header's tensor_size)."""
+        w = self._writer
+        return w.tensor_size if w is not None and not w.closed else self._final_tensor_bytes
+
+    def _writer_or_raise(self):
+        if self._writer is None or self._writer.closed:
+            raise ValueError("I/O operation on a closed TensorSerializer")
+        return self._writer
+
+    def _write(self, requests: List[_Request]) -> None:
+        with self._lock:
+            writer = self._writer_or_raise()
+            writer.write([r.fields for r in requests])
+            del requests  # the engine is done with the memory
+
+    def write_tensor(
+        self,
+        idx: int,
+        name: Union[str, Sequence[Union[str, int]]],
+        tensor_type: TensorType,
+        tensor: Union[torch.Tensor, numpy.ndarray],
+    ) -> None:
+        """Writes one tensor (torch or numpy). The file is complete up to it when this returns."""
+        if isinstance(tensor_type, bool) or not isinstance(tensor_type, int):
+            raise TypeError(f"tensor_type: expected TensorType, got {tensor_type.__class__.__name__}")
+        tensor_type = TensorType(tensor_type)
+        if not isinstance(name, str):
+            name = tuple(name)
+        self._write([_tensor_request(name, int(tensor_type), idx, tensor)])
+
+    def write_module(
+        self,
+        m: torch.nn.Module,
+        remove_tensors: bool = False,
+        *,
+        include_non_persistent_buffers: bool = True,
+    ) -> None:
+        """Writes every parameter and buffer of `m` in one batch (names per spec §1.11).
+
+        Args:
+            remove_tensors: afterwards, set each written attribute to None.
+            include_non_persistent_buffers: False matches ``state_dict()`` (persistent only).
+        """
+        requests: List[_Request] = []
+        written: List[Tuple[torch.nn.Module, str]] = []
+        for idx, (module_name, module) in enumerate(m.named_modules()):
+            non_persistent = getattr(module, "_non_persistent_buffers_set", set())
+            for name, tensor in module.named_parameters(recurse=False):
+                requests.append(_tensor_request(f"{module_name}.{name}", TensorType.PARAM, idx, tensor))
+                written.append((module, name))
+            for name, tensor in module.named_buffers(recurse=False):
+                if not include_non_persistent_buffers and name in non_persistent:
+                    continue
+                requests.append(_tensor_request(f"{module_name}.{name}", TensorType.BUFFER, idx, tensor))
+                written.append((module, name))
+        self._write(requests)
+        if remove_tensors:
+            for module, name in written:
+                setattr(module, name, None)
+
+    def write_state_dict(self, state_dict: Union[Dict, List, Tuple]) -> None:
+        """Writes a (possibly nested) dict/list of tensors; keys become paths (spec §2.2)."""
+        requests = [
+            _tensor_request(path.normalize_() if path.is_str_ else tuple(path), TensorType.STATE_DICT, 0, tensor)
+            for path, tensor in _tensor_path.flatten_structure(torch.Tensor, state_dict)
+        ]
+        self._write(requests)
+
+    def close(self) -> None:
+        """Finishes the file: publishes it at its path (or uploads it), closes a file object."""
+        with self._lock:
+            writer = self._writer
+            if writer is not None and not writer.closed:
+                self._final_tensor_bytes = writer.tensor_size
+                writer.close()
+            if self._file is not None:
+                file_obj, self._file = self._file, None
+                file_obj.close()
+
+    def _abort(self) -> None:
+        with self._lock:
+            writer = self._writer
+            if writer is not None and not writer.closed:
+                writer.abort()
+
+    def __enter__(self) -> "TensorSerializer":
+        return self
+
+    def __exit__(self, exc_type, exc_val, traceback) -> None:
+        if exc_type is not None:
+            self._abort()
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()

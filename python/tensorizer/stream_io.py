@@ -1,0 +1,338 @@
+"""open_stream and friends: local files, and remote objects through the C++ engine's transports.
+
+``open_stream`` keeps the reference's signature and dispatch (spec §5.1). Local paths are plain
+Python files. ``http(s)://``, ``s3://`` (read) and ``redis://`` URIs return a read-only,
+seekable stream over the engine's transport for that scheme (libcurl, S3 signing, hiredis);
+the stream also tells a TensorDeserializer its URI and options, so loads from it run on the
+engine directly (parallel ranges, no Python buffering). S3 writes go to a temporary file that is
+uploaded by the engine when closed.
+"""
+
+import io
+import os
+import tempfile
+import typing
+import weakref
+from typing import Dict, Optional, Sequence, Union
+
+from . import _C
+
+__all__ = ["open_stream", "CURLStreamFile", "RedisStreamFile", "CAInfo", "s3_upload", "s3_download"]
+
+default_s3_read_endpoint = "accel-object.ord1.coreweave.com"
+default_s3_write_endpoint = "object.ord1.coreweave.com"
+curl_path = None  # the engine uses libcurl, not the curl program
+
+
+class CAInfo:
+    """How to verify TLS certificates: exactly one of a CA bundle, a CA directory, or none."""
+
+    __slots__ = ("_cacert", "_capath", "_allow_untrusted")
+
+    def __init__(self, *, cacert: Optional[str] = None, capath: Optional[str] = None, allow_untrusted: bool = False):
+        if (cacert, capath).count(None) + (not allow_untrusted) != 2:
+            raise ValueError(
+                "Exactly one of cacert, capath, or allow_untrusted=True"
+                " must be specified. For default certificate verification"
+                " behaviour, use certificate_handling=None instead of"
+                " an explicit CAInfo instance"
+            )
+        if cacert is not None and not os.path.isfile(cacert):
+            raise ValueError(f"Invalid cacert file path: {cacert!r}")
+        if capath is not None and not os.path.isdir(capath):
+            raise ValueError(f"Invalid capath directory path: {capath!r}")
+        self._cacert = None if cacert is None else str(cacert)
+        self._capath = None if capath is None else str(capath)
+        self._allow_untrusted = bool(allow_untrusted)
+
+    @property
+    def curl_flags(self) -> tuple:
+        if self._cacert is not None:
+            return ("--cacert", self._cacert)
+        if self._capath is not None:
+            return ("--capath", self._capath)
+        return ("--insecure",)
+
+    def apply(self, options: "_C.TransportOptions") -> None:
+        if self._cacert is not None:
+            options.ca_file = self._cacert
+        if self._capath is not None:
+            options.ca_path = self._capath
+        options.allow_untrusted = self._allow_untrusted
+
+    def __eq__(self, other):
+        return isinstance(other, CAInfo) and self.curl_flags == other.curl_flags
+
+    def __hash__(self):
+        return hash(self.curl_flags)
+
+
+def _transport_options(
+    *,
+    certificate_handling: Optional[CAInfo] = None,
+    headers: Optional[Union[Dict[str, str], Sequence[str]]] = None,
+    s3_access_key_id: Optional[str] = None,
+    s3_secret_access_key: Optional[str] = None,
+    s3_endpoint: Optional[str] = None,
+    s3_config_path: Optional[str] = None,
+    s3_region_name: Optional[str] = None,
+    force_http: Optional[bool] = None,
+) -> "_C.TransportOptions":
+    """The engine's TransportOptions for the reference's keyword arguments."""
+    options = _C.TransportOptions()
+    if certificate_handling is not None:
+        if not isinstance(certificate_handling, CAInfo):
+            raise TypeError("certificate_handling must be a CAInfo instance or None")
+        certificate_handling.apply(options)
+    if headers:
+        if isinstance(headers, dict):
+            headers = [f"{k}: {v}" for k, v in headers.items()]
+        options.http_headers = list(headers)
+    if s3_access_key_id is not None:
+        options.s3_access_key_id = s3_access_key_id
+    if s3_secret_access_key is not None:
+        options.s3_secret_access_key = s3_secret_access_key
+    if s3_endpoint:
+        options.s3_endpoint = s3_endpoint
+    if s3_config_path is not None:
+        if not os.path.exists(s3_config_path):
+            raise FileNotFoundError(f"s3_config_path does not exist: {s3_config_path}")
+        options.s3_config_path = s3_config_path
+    if s3_region_name is not None:
+        options.s3_region = s3_region_name
+    if force_http is not None:
+        options.force_http = bool(force_http)
+    return options
+
+
+class _EngineStreamFile(io.RawIOBase):
+    """A read-only, seekable stream over one of the engine's transports."""
+
+    def __init__(self, uri: str, options: "_C.TransportOptions", begin: Optional[int], end: Optional[int]):
+        super().__init__()
+        if begin is not None and begin < 0:
+            raise ValueError("begin must be non-negative")
+        if end is not None and end <= (begin or 0):
+            raise ValueError("end must be greater than begin")
+        self.uri = uri
+        self.transport_options = options
+        self._source = _C.Source.open(uri, options)
+        size = self._source.size
+        self._end = size if end is None else min(end, size)
+        self._pos = begin or 0
+        self.read_operations = 0
+        self.bytes_skipped = 0
+        self.response_headers: Dict[str, str] = {}
+
+    @property
+    def bytes_read(self) -> int:
+        return 0 if self._source.closed else self._source.bytes_read
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on a closed stream")
+        view = memoryview(b).cast("B")
+        if self._pos >= self._end:
+            return 0
+        want = min(len(view), self._end - self._pos)
+        n = self._source.read_into(self._pos, view[:want])
+        self._pos += n
+        self.read_operations += 1
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._end + offset
+        else:
+            raise ValueError(f"invalid whence ({whence})")
+        if pos < 0:
+            raise ValueError("negative seek position")
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readline(self, size: Optional[int] = -1) -> bytes:
+        raise io.UnsupportedOperation("readline")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+    def close(self) -> None:
+        if not self.closed:
+            self._source.close()
+        super().close()
+
+
+class CURLStreamFile(_EngineStreamFile):
+    """An HTTP(S) (or presigned S3) object as a read-only stream (the engine's libcurl transport)."""
+
+    def __init__(
+        self,
+        uri: str,
+        begin: Optional[int] = None,
+        end: Optional[int] = None,
+        headers: Optional[Dict[str, str]] = None,
+        *,
+        buffer_size: Optional[int] = None,
+        certificate_handling: Optional[CAInfo] = None,
+        _options: Optional["_C.TransportOptions"] = None,
+    ):
+        del buffer_size  # the engine reads straight into the destination
+        options = _options or _transport_options(certificate_handling=certificate_handling, headers=headers)
+        super().__init__(uri, options, begin, end)
+
+
+class RedisStreamFile(_EngineStreamFile):
+    """Keys written by ``TensorDeserializer.to_redis`` as a read-only stream (hiredis)."""
+
+    def __init__(
+        self, uri: str, *, begin: Optional[int] = None, end: Optional[int] = None, buffer_size: Optional[int] = None
+    ):
+        del buffer_size
+        super().__init__(uri, _C.TransportOptions(), begin, end)
+
+
+def s3_upload(
+    path: str,
+    target_uri: str,
+    s3_access_key_id: Optional[str] = None,
+    s3_secret_access_key: Optional[str] = None,
+    s3_endpoint: Optional[str] = None,
+    s3_region_name: Optional[str] = None,
+    s3_signature_version: Optional[str] = None,
+) -> None:
+    """Uploads a local file to ``s3://bucket/key`` through the engine."""
+    del s3_signature_version  # the engine signs with SigV4
+    options = _transport_options(
+        s3_access_key_id=s3_access_key_id,
+        s3_secret_access_key=s3_secret_access_key,
+        s3_endpoint=s3_endpoint,
+        s3_region_name=s3_region_name,
+    )
+    _C.upload_file(os.fspath(path), target_uri, options)
+
+
+def s3_download(
+    path_uri: str,
+    s3_access_key_id: Optional[str] = None,
+    s3_secret_access_key: Optional[str] = None,
+    s3_endpoint: Optional[str] = None,
+    s3_region_name: Optional[str] = None,
+    s3_signature_version: Optional[str] = None,
+    buffer_size: Optional[int] = None,
+    begin: Optional[int] = None,
+    end: Optional[int] = None,
+    certificate_handling: Optional[CAInfo] = None,
+) -> CURLStreamFile:
+    """Opens ``s3://bucket/key`` for reading through the engine."""
+    del s3_signature_version
+    options = _transport_options(
+        certificate_handling=certificate_handling,
+        s3_access_key_id=s3_access_key_id,
+        s3_secret_access_key=s3_secret_access_key,
+        s3_endpoint=s3_endpoint,
+        s3_region_name=s3_region_name,
+    )
+    return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, _options=options)
+
+
+def _upload_on_close(temp_path: str, uri: str, options: "_C.TransportOptions") -> None:
+    try:
+        _C.upload_file(temp_path, uri, options)
+    finally:
+        try:
+            os.unlink(temp_path)
+        except OSError:
+            pass
+
+
+def open_stream(
+    path_uri: Union[str, os.PathLike],
+    mode: str = "rb",
+    s3_access_key_id: Optional[str] = None,
+    s3_secret_access_key: Optional[str] = None,
+    s3_endpoint: Optional[str] = None,
+    s3_config_path: Optional[str] = None,
+    buffer_size: Optional[int] = None,
+    force_http: Optional[bool] = None,
+    *,
+    begin: Optional[int] = None,
+    end: Optional[int] = None,
+    s3_region_name: Optional[str] = None,
+    s3_signature_version: Optional[str] = None,
+    certificate_handling: Optional[CAInfo] = None,
+) -> typing.BinaryIO:
+    """Opens a local path or a URI as a binary stream (spec §5.1).
+
+    ``http(s)://`` and ``redis://``: mode ``rb`` only. ``s3://``: ``rb``, or ``wb``/``wb+``/
+    ``ab``/``ab+`` (a temporary file uploaded on close). Anything else is a local file (binary
+    modes only; parent directories are created for writing).
+    """
+    del s3_signature_version
+    local_only = isinstance(path_uri, os.PathLike)
+    path_uri = os.fsdecode(os.fspath(path_uri))
+    scheme, sep, _ = path_uri.partition("://")
+    scheme = scheme.lower() if sep and not local_only else None
+    normalized_mode = "".join(sorted(mode))
+
+    if scheme in ("http", "https"):
+        if normalized_mode != "br":
+            raise ValueError('Only the mode "rb" is valid when opening http(s):// streams.')
+        return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, certificate_handling=certificate_handling)
+
+    if scheme == "redis":
+        if normalized_mode != "br":
+            raise ValueError('Only the mode "rb" is valid when opening redis:// streams.')
+        return RedisStreamFile(path_uri, begin=begin, end=end, buffer_size=buffer_size)
+
+    if scheme == "s3":
+        if normalized_mode not in ("br", "bw", "ab", "+bw", "+ab"):
+            raise ValueError('Only the modes "rb", "wb[+]", and "ab[+]" are valid when opening s3:// streams.')
+        options = _transport_options(
+            certificate_handling=certificate_handling,
+            s3_access_key_id=s3_access_key_id,
+            s3_secret_access_key=s3_secret_access_key,
+            s3_endpoint=s3_endpoint,
+            s3_config_path=s3_config_path,
+            s3_region_name=s3_region_name,
+            force_http=force_http,
+        )
+        if "w" in mode or "a" in mode:
+            temp = tempfile.NamedTemporaryFile(mode="wb+", delete=False)
+            upload = weakref.finalize(temp, _upload_on_close, temp.name, path_uri, options)
+
+            class _S3UploadFile(temp.__class__):
+                def close(self):
+                    super().close()
+                    upload()
+
+                def __exit__(self, exc, value, tb):
+                    result = super().__exit__(exc, value, tb)
+                    self.close()
+                    return result
+
+            temp.__class__ = _S3UploadFile
+            return typing.cast(typing.BinaryIO, temp)
+        return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, _options=options)
+
+    if "b" not in normalized_mode:
+        raise ValueError('Only binary modes ("rb", "wb", "wb+", etc.) are valid when opening local file streams.')
+    if any(c in normalized_mode for c in "wax"):
+        dirname = os.path.dirname(path_uri)
+        if dirname:
+            os.makedirs(dirname, exist_ok=True)
+    handle = open(path_uri, mode, buffering=buffer_size or io.DEFAULT_BUFFER_SIZE)
+    handle.seek(begin or 0)
+    return typing.cast(typing.BinaryIO, handle)

@@ -1,0 +1,177 @@
+"""The Python API over the remote transports, against the real servers of scripts/with-servers.sh
+(nginx HTTP/HTTPS, moto S3, redis-server): TensorDeserializer over http://, https:// (CAInfo),
+s3:// and redis:// (eager and lazy, 1 and 4 readers) gives the manifest's bytes; TensorSerializer
+writes to s3:// (URI and open_stream) and redis://; to_redis stores the reference key layout.
+
+Without the servers' TZ_TEST_* variables these tests skip, except under `make test`
+(TZ_REQUIRE_SERVERS=1), where they fail.
+"""
+
+import hashlib
+import os
+import uuid
+
+import pytest
+import torch
+
+from tensorizer import TensorDeserializer, TensorSerializer, stream_io
+
+from conftest import FIXTURES_ROOT, tensor_bytes
+
+FIXTURES = FIXTURES_ROOT / "tensorizer-2.11.1"
+MANIFEST = __import__("json").loads((FIXTURES / "manifest.json").read_text())
+PLAIN = [n for n, f in MANIFEST["files"].items() if not f.get("encryption")]
+
+
+def server_env(*names):
+    """The values of the TZ_TEST_* variables `names` (fails or skips when one is missing)."""
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing:
+        msg = f"{', '.join(missing)} not set: run under scripts/with-servers.sh (make test does)"
+        if os.environ.get("TZ_REQUIRE_SERVERS") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return [os.environ[n] for n in names]
+
+
+def lookup(mapping, name):
+    if isinstance(name, str):
+        return mapping[name]
+    for part in name:
+        mapping = mapping[part]
+    return mapping
+
+
+def expect_manifest(deserializer, name):
+    """Every tensor of fixture `name` has the manifest's bytes (meta tensors: zeros)."""
+    for info in MANIFEST["files"][name]["tensors"]:
+        data = tensor_bytes(lookup(deserializer, info["name"]))
+        if info["meta"]:
+            assert not any(data), info["name"]
+        else:
+            assert hashlib.sha256(data).hexdigest() == info["sha256"], info["name"]
+
+
+def s3_open_kwargs():
+    endpoint, = server_env("TZ_TEST_S3_ENDPOINT")
+    return dict(
+        s3_access_key_id="testing", s3_secret_access_key="testing", s3_endpoint=endpoint, force_http=True
+    )
+
+
+@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("num_readers", [1, 4])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_deserializer_over_http(name, num_readers, lazy):
+    (url,) = server_env("TZ_TEST_HTTP_URL")
+    with TensorDeserializer(f"{url}/fixtures/{name}", device="cpu", num_readers=num_readers, lazy_load=lazy) as d:
+        expect_manifest(d, name)
+
+
+@pytest.mark.parametrize("num_readers", [1, 4])
+def test_deserializer_over_https_with_ca_file(num_readers):
+    url, ca = server_env("TZ_TEST_HTTPS_URL", "TZ_TEST_CA_FILE")
+    stream = stream_io.open_stream(
+        f"{url}/fixtures/dtypes.tensors", certificate_handling=stream_io.CAInfo(cacert=ca)
+    )
+    with TensorDeserializer(stream, device="cpu", num_readers=num_readers) as d:
+        expect_manifest(d, "dtypes.tensors")
+
+
+def test_https_without_the_ca_fails():
+    (url,) = server_env("TZ_TEST_HTTPS_URL")
+    with pytest.raises(Exception) as err:
+        TensorDeserializer(f"{url}/fixtures/dtypes.tensors", device="cpu")
+    assert "certificate" in str(err.value).lower()
+
+
+def test_http_404():
+    (url,) = server_env("TZ_TEST_HTTP_URL")
+    with pytest.raises(Exception) as err:
+        TensorDeserializer(f"{url}/fixtures/missing.tensors", device="cpu")
+    assert "404" in str(err.value)
+
+
+@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("num_readers", [1, 4])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_deserializer_over_s3(name, num_readers, lazy):
+    (bucket,) = server_env("TZ_TEST_S3_BUCKET")
+    stream = stream_io.open_stream(f"s3://{bucket}/fixtures/{name}", **s3_open_kwargs())
+    with TensorDeserializer(stream, device="cpu", num_readers=num_readers, lazy_load=lazy) as d:
+        expect_manifest(d, name)
+
+
+def sample_state_dict():
+    g = torch.Generator().manual_seed(5)
+    return {
+        "embed.weight": torch.randn(1000, 64, generator=g),
+        "norm.bias": torch.arange(7, dtype=torch.float16),
+        "big": torch.randint(0, 255, (20 << 20,), dtype=torch.uint8, generator=g),  # multipart upload
+    }
+
+
+def expect_state_dict(d, sd):
+    assert set(d.keys()) == set(sd.keys())
+    for k, v in sd.items():
+        assert torch.equal(d[k], v), k
+
+
+def test_serializer_to_s3_uri_round_trips(monkeypatch):
+    endpoint, bucket = server_env("TZ_TEST_S3_ENDPOINT", "TZ_TEST_S3_BUCKET")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    uri = f"s3://{bucket}/py-{uuid.uuid4().hex}.tensors"
+    sd = sample_state_dict()
+    s = TensorSerializer(uri)
+    s.write_state_dict(sd)
+    s.close()
+    with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
+        expect_state_dict(d, sd)
+
+
+def test_serializer_to_s3_open_stream_round_trips():
+    (bucket,) = server_env("TZ_TEST_S3_BUCKET")
+    uri = f"s3://{bucket}/py-{uuid.uuid4().hex}.tensors"
+    sd = sample_state_dict()
+    with stream_io.open_stream(uri, "wb+", **s3_open_kwargs()) as f:
+        s = TensorSerializer(f)
+        s.write_state_dict(sd)
+        s.close()
+    with TensorDeserializer(stream_io.open_stream(uri, **s3_open_kwargs()), device="cpu") as d:
+        expect_state_dict(d, sd)
+
+
+def redis_client(url):
+    redis = pytest.importorskip("redis")
+    host, port = url.split("://", 1)[1].split(":")
+    return redis.Redis(host=host, port=int(port))
+
+
+@pytest.mark.parametrize("name", PLAIN)
+@pytest.mark.parametrize("num_readers", [1, 4])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_to_redis_then_deserialize(name, num_readers, lazy):
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    client = redis_client(url)
+    prefix = f"py-{uuid.uuid4().hex}"
+    with TensorDeserializer(str(FIXTURES / name), device="cpu", lazy_load=True) as src:
+        src.to_redis(client, prefix)
+    # The reference layout: header:0 is the file's prelude and index.
+    raw = (FIXTURES / name).read_bytes()
+    m = int.from_bytes(raw[65:73], "little")
+    assert client.get(f"{prefix}:header:0") == raw[: 73 + m]
+    with TensorDeserializer(f"{url}/{prefix}", device="cpu", num_readers=num_readers, lazy_load=lazy) as d:
+        expect_manifest(d, name)
+
+
+def test_serializer_straight_to_redis():
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    uri = f"{url}/py-{uuid.uuid4().hex}"
+    sd = sample_state_dict()
+    s = TensorSerializer(uri)
+    s.write_state_dict(sd)
+    s.close()
+    with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
+        expect_state_dict(d, sd)
