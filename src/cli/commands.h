@@ -13,7 +13,11 @@ struct CommonOptions {
   std::string key_file;         // 32 raw key bytes, for encrypted files
   std::string passphrase_env;   // name of an environment variable holding a passphrase
   int workers = 0;
+  TransportOptions transport;   // --ca-file, --s3-endpoint, ... (see transport_flags.cc)
 };
+
+// Adds the remote-transport flags (TLS trust, S3 endpoint/config/region, timeouts).
+void add_transport_options(CLI::App* cmd, TransportOptions& transport);
 
 // Adds --key-file / --passphrase-env / --workers to a subcommand.
 void add_common_options(CLI::App* cmd, CommonOptions& common);
@@ -23,6 +27,9 @@ ReaderOptions reader_options(const CommonOptions& common);
 void register_inspect(CLI::App& app, CommonOptions& common);
 void register_verify(CLI::App& app, CommonOptions& common);
 void register_bench(CLI::App& app);
+// `encrypt` / `decrypt` (crypt.cc).
+void register_crypt(CLI::App& app, CommonOptions& common);
+void register_cp(CLI::App& app);
 
 void set_exit_code(int code);
 int exit_code();

@@ -19,10 +19,12 @@ void add_common_options(CLI::App* cmd, CommonOptions& common) {
   cmd->add_option("--passphrase-env", common.passphrase_env,
                   "environment variable holding the passphrase of an encrypted file");
   cmd->add_option("--workers", common.workers, "concurrent readers (default: one per core)");
+  add_transport_options(cmd, common.transport);
 }
 
 ReaderOptions reader_options(const CommonOptions& common) {
   ReaderOptions options;
+  options.transport = common.transport;
   if (!common.key_file.empty()) {
     std::ifstream f(common.key_file, std::ios::binary);
     if (!f) fail(ErrorCode::kNotFound, "cannot read key file '" + common.key_file + "'");

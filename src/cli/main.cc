@@ -3,6 +3,9 @@
 //   tensorizer inspect FILE [--json]   header, flags and every tensor
 //   tensorizer verify FILE             recompute every hash; exit 0 only if all match
 //   tensorizer bench [--size-mb N]     write + load a synthetic model, print GB/s
+//   tensorizer encrypt IN OUT (--key-file F | --passphrase-env VAR)   add encryption
+//   tensorizer decrypt IN OUT (--key-file F | --passphrase-env VAR)   remove it
+//   tensorizer cp SRC DST              copy between file, http(s) (read only), s3:// and redis://
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -17,6 +20,8 @@ int main(int argc, char** argv) {
   tensorizer::cli::register_inspect(app, common);
   tensorizer::cli::register_verify(app, common);
   tensorizer::cli::register_bench(app);
+  tensorizer::cli::register_crypt(app, common);
+  tensorizer::cli::register_cp(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

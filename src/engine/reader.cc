@@ -21,8 +21,41 @@ namespace {
 
 constexpr uint64_t kFirstReadBytes = 512 * 1024;      // prelude + a reference-sized index
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
+constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
 
 std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr(0, 200); }
+
+// A hasher for the hashes `info`'s header stores, fed its hashable header; null when it has none.
+std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info) {
+  const TensorHeader& h = info.header;
+  bool crc = false, sha = false;
+  for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
+  if (!crc && !sha) return nullptr;
+  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+  return std::make_unique<TensorHasher>(crc, sha, hashable_header(raw, info.header_bytes.size(), h));
+}
+
+// Finishes `hasher` (fed header then data) and describes every stored hash it disagrees with.
+std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
+  hasher.finish();
+  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+  std::string failures;
+  for (const auto& hv : info.header.hashes) {
+    std::string stored = to_hex(raw + hv.value_offset, hv.value_size), computed;
+    if (hv.type == HashType::kCrc32) {
+      uint32_t c = hasher.crc32();
+      uint8_t le[4];
+      std::memcpy(le, &c, 4);
+      computed = to_hex(le, 4);
+    } else {
+      computed = to_hex(hasher.sha256().data(), 32);
+    }
+    if (stored == computed) continue;
+    failures += std::string(failures.empty() ? "" : "; ") + (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") +
+                " stored " + stored + ", computed " + computed;
+  }
+  return failures;
+}
 
 // Re-throws `err` with the tensor and source it concerns prepended.
 [[noreturn]] void rethrow_with_context(const Error& err, const std::string& context) {
@@ -93,6 +126,7 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
     impl->entries = parse_index(reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize,
                                 head.size() - kPreludeSize, h, size);
   } catch (const Error& err) {
+    if (std::string_view(err.what()).rfind("'" + uri + "'", 0) == 0) throw;  // transports name it already
     rethrow_with_context(err, "'" + uri + "'");
   }
   impl->source = std::move(source);
@@ -114,6 +148,7 @@ const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
 const LoadedTensorInfo& Reader::read_header(size_t entry) {
   if (entry >= impl_->entries.size())
     fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
+  if (impl_->loaded[entry]) return *impl_->loaded[entry];  // cached: references stay valid
   const IndexEntry& e = impl_->entries[entry];
   auto info = std::make_unique<LoadedTensorInfo>();
   try {
@@ -152,12 +187,21 @@ class LoadJob {
     });
     std::vector<engine::PlannedTensor> planned;
     planned.reserve(dests_.size());
-    const bool splittable = !opt_.verify_hash && !r_.header.has_crypt_info();
+    // Encrypted tensors are split at 2 MiB chunk boundaries, into small items, so that each chunk
+    // is decrypted (by the worker that read it) while other workers keep reading.
+    const bool encrypted = r_.header.has_crypt_info();
+    const bool splittable = encrypted || !opt_.verify_hash;
     for (const auto& d : dests_) {
       const IndexEntry& e = r_.entries[d.entry];
       planned.push_back({e.header_offset, e.header_size(), e.data_length, splittable});
     }
-    items_ = engine::plan_reads(planned, {});
+    engine::PlanOptions plan;
+    if (encrypted) {
+      plan.target_item_bytes = kEncryptedItemBytes;
+      plan.split_granularity = crypto::kChunkSize;
+      crypt_.reset(new CryptState[dests_.size()]);
+    }
+    items_ = engine::plan_reads(planned, plan);
     int workers = opt_.num_workers > 0 ? opt_.num_workers : r_.source->preferred_readers();
     if (workers <= 0) workers = usable_cores();
     workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
@@ -218,7 +262,12 @@ class LoadJob {
       const engine::Segment& s = item.segments[k];
       current = s.tensor;
       if (s.is_header) on_header(s.tensor, std::move(scratch[k]));
-      if (s.last_of_tensor) on_tensor_complete(s.tensor);
+      if (crypt_) {
+        if (s.is_header) on_crypt_header(s.tensor);
+        else on_encrypted_data(s.tensor, s.begin, s.length);
+      } else if (s.last_of_tensor) {
+        on_tensor_complete(s.tensor);
+      }
     }
   }
 
@@ -233,54 +282,108 @@ class LoadJob {
     check_header_matches_entry(info->header, e);
     info->module_idx = info->header.module_idx;
     if (e.is_meta()) std::memset(d.data, 0, e.expected_bytes());
+    // The header just read is what this load decrypts and verifies with (replacing any earlier
+    // copy: references from read_header()/loaded_info() last until the next load of the tensor).
     r_.loaded[d.entry] = std::move(info);
   }
 
+  // Runs once every byte of tensor `t` has landed (and, in an encrypted file, been decrypted).
   void on_tensor_complete(size_t t) {
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries[d.entry];
     const LoadedTensorInfo& info = *r_.loaded[d.entry];
-    auto* data = static_cast<uint8_t*>(d.data);
-    if (info.header.has_crypt_field) {
-      auto dec = crypto::TensorDecryptor::create(info.header.crypt_info(
-                                                     reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
-                                                 e.data_length, *r_.decryption, r_.key_cache);
-      if (!dec && e.data_length > 0)
-        fail(ErrorCode::kCrypto, "tensor is not encrypted, but the file is and decryption was requested");
-      if (dec) {
-        const uint64_t cs = dec->chunk_size();
-        for (uint64_t off = 0, i = 0; off < e.data_length; off += cs, ++i)
-          dec->decrypt_chunk(i, data + off, std::min(cs, e.data_length - off));
+    if (opt_.verify_hash) verify(e, info, static_cast<const uint8_t*>(d.data), e.data_length);
+  }
+
+  // ---- Encrypted files: chunks are decrypted as soon as all their bytes have landed ----------
+
+  // Per requested tensor of an encrypted file. Data pieces may land (on other workers) before
+  // the header that says how to decrypt them; those wait in `early` until it is parsed.
+  struct CryptState {
+    std::mutex mu;
+    bool header_done = false;
+    std::unique_ptr<crypto::TensorDecryptor> dec;
+    std::vector<std::pair<uint64_t, uint64_t>> early;  // (begin, length) of data landed first
+    std::vector<uint64_t> landed;                       // bytes landed per encryption chunk
+    uint64_t finished = 0;                              // data bytes landed and decrypted
+  };
+
+  void on_crypt_header(size_t t) {
+    const TensorDestination& d = dests_[t];
+    const IndexEntry& e = r_.entries[d.entry];
+    const LoadedTensorInfo& info = *r_.loaded[d.entry];
+    auto dec = crypto::TensorDecryptor::create(
+        info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())), e.data_length,
+        *r_.decryption, r_.key_cache);
+    if (!dec && e.data_length > 0)
+      fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
+    CryptState& st = crypt_[t];
+    std::vector<std::pair<uint64_t, uint64_t>> early;
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      if (dec && e.data_length > 0) st.landed.assign(dec->chunk_count(), 0);
+      st.dec = std::move(dec);
+      st.header_done = true;
+      early.swap(st.early);
+    }
+    if (e.data_length == 0) return on_tensor_complete(t);
+    for (const auto& [begin, length] : early) land(t, begin, length);
+  }
+
+  void on_encrypted_data(size_t t, uint64_t begin, uint64_t length) {
+    CryptState& st = crypt_[t];
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      if (!st.header_done) {
+        st.early.emplace_back(begin, length);
+        return;
       }
     }
-    if (opt_.verify_hash) verify(e, info, data, e.data_length);
+    land(t, begin, length);
+  }
+
+  // Accounts data bytes [begin, begin+length) of tensor `t` as landed, decrypts every chunk this
+  // completes (here, on this worker), and completes the tensor when nothing is left.
+  void land(size_t t, uint64_t begin, uint64_t length) {
+    CryptState& st = crypt_[t];
+    const uint64_t total = r_.entries[dests_[t].entry].data_length;
+    const crypto::TensorDecryptor& dec = *st.dec;
+    const uint64_t cs = std::max<uint64_t>(dec.chunk_size(), 1);
+    uint64_t first_ready = 0, ready = 0, ready_bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      for (uint64_t c = begin / cs; c * cs < begin + length; ++c) {
+        const uint64_t lo = std::max(begin, c * cs), hi = std::min({begin + length, (c + 1) * cs, total});
+        const uint64_t chunk_len = std::min(cs, total - c * cs);
+        st.landed[c] += hi - lo;
+        if (st.landed[c] != chunk_len) continue;
+        if (ready == 0) first_ready = c;
+        if (first_ready + ready == c) {  // complete chunks of one piece are consecutive
+          ++ready;
+          ready_bytes += chunk_len;
+        } else {
+          fail(ErrorCode::kInvalidArgument, "internal: non-contiguous decryption chunks");
+        }
+      }
+    }
+    if (ready == 0) return;
+    auto* data = static_cast<uint8_t*>(dests_[t].data);
+    for (uint64_t c = first_ready; c < first_ready + ready; ++c)
+      dec.decrypt_chunk(c, data + c * cs, std::min(cs, total - c * cs));
+    bool done;
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      st.finished += ready_bytes;
+      done = st.finished == total;
+    }
+    if (done) on_tensor_complete(t);
   }
 
   void verify(const IndexEntry& e, const LoadedTensorInfo& info, const uint8_t* data, uint64_t size) {
-    const TensorHeader& h = info.header;
-    const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-    bool crc = false, sha = false;
-    for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
-    if (!crc && !sha) return;
-    TensorHasher hasher(crc, sha, hashable_header(raw, info.header_bytes.size(), h));
-    hasher.update(data, size);
-    hasher.finish();
-    std::string failures;
-    for (const auto& hv : h.hashes) {
-      std::string stored = to_hex(raw + hv.value_offset, hv.value_size), computed;
-      if (hv.type == HashType::kCrc32) {
-        uint32_t c = hasher.crc32();
-        uint8_t le[4];
-        std::memcpy(le, &c, 4);
-        computed = to_hex(le, 4);
-      } else {
-        computed = to_hex(hasher.sha256().data(), 32);
-      }
-      if (stored == computed) continue;
-      failures += std::string(failures.empty() ? "" : "; ") +
-                  (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") + " stored " + stored +
-                  ", computed " + computed;
-    }
+    std::unique_ptr<TensorHasher> hasher = hasher_for(info);
+    if (!hasher) return;
+    hasher->update(data, size);
+    const std::string failures = hash_failures(info, *hasher);
     if (failures.empty()) return;
     if (!opt_.collect_mismatches) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
     std::lock_guard<std::mutex> lock(mu_);
@@ -304,6 +407,7 @@ class LoadJob {
   const LoadOptions& opt_;
   std::vector<TensorDestination> dests_;
   std::vector<engine::ReadItem> items_;
+  std::unique_ptr<CryptState[]> crypt_;  // encrypted files only: one per destination
   std::atomic<size_t> next_{0};
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
@@ -328,6 +432,46 @@ LoadResult Reader::load(const std::vector<TensorDestination>& destinations, cons
   if (encrypted() && !impl_->decryption)
     fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
   return LoadJob(*impl_, destinations, options).run();
+}
+
+void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const LoadOptions& options,
+                           uint64_t piece_bytes) {
+  if (encrypted() && !impl_->decryption)
+    fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
+  const LoadedTensorInfo& info = read_header(entry);
+  const IndexEntry& e = impl_->entries[entry];
+  uint64_t off = 0;
+  try {
+    std::unique_ptr<crypto::TensorDecryptor> dec;
+    if (info.header.has_crypt_field) {
+      dec = crypto::TensorDecryptor::create(
+          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())), e.data_length,
+          *impl_->decryption, impl_->key_cache);
+      if (!dec && e.data_length > 0)
+        fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
+    }
+    // Pieces hold whole encryption chunks (a tensor sealed as one secretbox is one piece).
+    uint64_t piece = std::max<uint64_t>(piece_bytes, 1);
+    if (dec && dec->chunk_size() > 0) piece = std::max<uint64_t>(piece / dec->chunk_size(), 1) * dec->chunk_size();
+    piece = std::min(piece, e.data_length);
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(piece, 1)]);
+    std::unique_ptr<TensorHasher> hasher = options.verify_hash ? hasher_for(info) : nullptr;
+    const int workers = options.num_workers > 0 ? options.num_workers : usable_cores();
+    for (; off < e.data_length; off += piece) {
+      const uint64_t n = std::min(piece, e.data_length - off);
+      impl_->source->read_at(e.data_offset + off, buf.get(), n);
+      if (dec) dec->decrypt_chunks(off / dec->chunk_size(), buf.get(), n, workers);
+      if (hasher) hasher->update(buf.get(), n);
+      consume(off, buf.get(), n);
+    }
+    if (hasher) {
+      const std::string failures = hash_failures(info, *hasher);
+      if (!failures.empty()) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
+    }
+  } catch (const Error& err) {
+    rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "' (data offset " +
+                                  std::to_string(e.data_offset + off) + ")");
+  }
 }
 
 std::vector<std::string> Reader::verify_all(int num_workers) {

@@ -9,6 +9,7 @@
 
 #include "codec/bytes.h"
 #include "codec/path_rules.h"
+#include "crypto/tensor_crypto.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
@@ -19,6 +20,7 @@ namespace {
 
 constexpr uint64_t kHashPieceBytes = 8ull << 20;  // hash then write in pieces, cache-warm
 constexpr uint64_t kLongDim = uint64_t{1} << 32;
+constexpr uint64_t kSealTaskChunks = 4;  // encrypted writes: 2 MiB chunks per task (8 MiB)
 
 uint64_t round_up(uint64_t v, uint64_t m) { return m <= 1 ? v : (v + m - 1) / m * m; }
 
@@ -47,8 +49,17 @@ struct Writer::Impl {
     for (const auto& e : entries) n += index_entry_size(e, versioned);
     return n;
   }
+  crypto::NonceRegistry nonces;  // no (key, nonce) pair is used twice in this file
+
   void sync();
   void write_tensors(std::vector<Planned>& batch);
+  void write_encrypted(std::vector<Planned>& batch);
+  void write_streamed_data(Planned& p, const Writer::Producer& produce);
+  void finish_header(Planned& p, TensorHasher* hasher, const crypto::TensorEncryptor* enc);
+  int worker_count(size_t tasks) const {
+    int n = options.num_workers > 0 ? options.num_workers : usable_cores();
+    return std::max(1, std::min<int>(n, static_cast<int>(std::max<size_t>(tasks, 1))));
+  }
 };
 
 Writer::Writer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -56,7 +67,8 @@ Writer::Writer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Writer::~Writer() {
   if (!impl_->closed) {
     try {
-      if (impl_->failed) abort();
+      // Destroyed by an exception unwinding the stack: the caller never finished, publish nothing.
+      if (impl_->failed || std::uncaught_exceptions() > 0) abort();
       else close();
     } catch (...) {
       // A destructor must not throw; the sink's own destructor discards what is left.
@@ -69,19 +81,28 @@ std::unique_ptr<Writer> Writer::open(const std::string& uri, const WriterOptions
 }
 
 std::unique_ptr<Writer> Writer::open(std::unique_ptr<Sink> sink, const WriterOptions& options) {
-  if (options.encryption)
-    fail(ErrorCode::kUnsupported, "encryption is not supported by this build");
   auto impl = std::make_unique<Impl>();
   impl->sink = std::move(sink);
   impl->options = options;
   impl->header.version = 1;
+  if (options.encryption) {
+    // Version 3 (4 with the flag once a meta tensor needs it): a crypt-info field in every header.
+    impl->header.version = kEncryptionVersion;
+    impl->header.flags |= kFlagEncrypted;
+  }
   return std::unique_ptr<Writer>(new Writer(std::move(impl)));
 }
 
 const FileHeader& Writer::header() const { return impl_->header; }
 const std::string& Writer::uri() const { return impl_->sink->uri(); }
 
-void Writer::write(const std::vector<WriteRequest>& tensors) {
+void Writer::write(const std::vector<WriteRequest>& tensors) { write_batch(tensors, nullptr); }
+
+void Writer::write_streamed(const WriteRequest& tensor, const Producer& produce) {
+  write_batch({tensor}, &produce);
+}
+
+void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Producer* produce) {
   Impl& w = *impl_;
   if (w.closed) fail(ErrorCode::kInvalidArgument, "write to a closed writer ('" + w.sink->uri() + "')");
   if (w.failed) fail(ErrorCode::kIO, "an earlier write to '" + w.sink->uri() + "' failed");
@@ -106,6 +127,7 @@ void Writer::write(const std::vector<WriteRequest>& tensors) {
     DType dt;
     try {
       dt = parse_dtype(r.dtype);
+      if (dt.opaque()) torch_dtype_itemsize(dt.torch);  // a real, non-quantized torch dtype
     } catch (const Error& err) {
       fail(ErrorCode::kInvalidArgument, label + ": " + err.what());
     }
@@ -117,10 +139,13 @@ void Writer::write(const std::vector<WriteRequest>& tensors) {
     const bool long_dims = std::any_of(r.shape.begin(), r.shape.end(), [](uint64_t d) { return d >= kLongDim; });
     e.entry_version = long_dims ? kLongDimsVersion : 1;
     uint64_t bytes = 0;
-    if (__builtin_mul_overflow(e.num_elements(), uint64_t{dt.itemsize}, &bytes))
+    uint64_t elements = 1;
+    bool overflow = false;
+    for (uint64_t d : r.shape) overflow |= __builtin_mul_overflow(elements, d, &elements);
+    if (overflow || __builtin_mul_overflow(elements, uint64_t{dt.itemsize}, &bytes))
       fail(ErrorCode::kInvalidArgument, label + ": size overflows 64 bits");
     e.data_length = r.meta ? 0 : bytes;
-    if (e.data_length > 0 && !r.data) fail(ErrorCode::kInvalidArgument, label + ": no data");
+    if (e.data_length > 0 && !r.data && !produce) fail(ErrorCode::kInvalidArgument, label + ": no data");
     next.version = std::max(next.version, dt.min_version());
     if (r.meta && bytes > 0) next.version = std::max(next.version, kMetaVersion);
     if (long_dims) {
@@ -156,6 +181,14 @@ void Writer::write(const std::vector<WriteRequest>& tensors) {
     f.long_shape = e.long_shape();
     f.crc32 = f.sha256 = w.options.hashes;
     f.data_length = e.data_length;
+    if (w.options.encryption) {
+      // Sealed tensors carry SHA-256 only; meta and zero-length ones an empty CryptInfo (§3.8).
+      f.crypt_field = true;
+      f.crc32 = f.crc32 && e.data_length == 0;
+      f.crypt_info_size = e.data_length > 0
+                              ? crypto::TensorEncryptor::crypt_info_size(*w.options.encryption, e.data_length)
+                              : crypto::kEmptyCryptInfoSize;
+    }
     const uint64_t align = e.data_length >= w.options.large_threshold ? w.options.large_alignment
                                                                       : w.options.alignment;
     p.header = encode_tensor_header(f, cursor, align);
@@ -169,7 +202,9 @@ void Writer::write(const std::vector<WriteRequest>& tensors) {
     if (!w.started) w.sink->reserve(cursor + 8);
     w.started = true;
     w.header = next;
-    w.write_tensors(batch);
+    if (produce) w.write_streamed_data(batch[0], *produce);
+    else if (w.options.encryption) w.write_encrypted(batch);
+    else w.write_tensors(batch);
     for (auto& p : batch) {
       w.paths.add(p.entry.path, "tensor", ErrorCode::kInvalidArgument);
       w.header.tensor_size += p.entry.data_length;
@@ -231,6 +266,173 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
   work();
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
+}
+
+namespace {
+
+// The bytes a header's hashes cover before the data: hash values are still zero here; the
+// crypt-info field (u64 + body) is cut out (spec §1.6 step 3).
+std::string hashable_bytes(const EncodedTensorHeader& h) {
+  if (h.crypt_info_offset == std::string::npos) return h.bytes;
+  std::string out = h.bytes;
+  const uint64_t c = codec::load_le<uint64_t>(h.bytes.data() + h.crypt_info_offset - 8);
+  out.erase(h.crypt_info_offset - 8, 8 + c);
+  return out;
+}
+
+std::unique_ptr<TensorHasher> make_hasher(const EncodedTensorHeader& h) {
+  const bool crc = h.crc32_offset != std::string::npos, sha = h.sha256_offset != std::string::npos;
+  if (!crc && !sha) return nullptr;
+  return std::make_unique<TensorHasher>(crc, sha, hashable_bytes(h));
+}
+
+}  // namespace
+
+// Patches the hash values and the CryptInfo into the header, then writes it.
+void Writer::Impl::finish_header(Planned& p, TensorHasher* hasher, const crypto::TensorEncryptor* enc) {
+  EncodedTensorHeader& h = p.header;
+  if (hasher) {
+    hasher->finish();
+    if (h.crc32_offset != std::string::npos)
+      codec::store_le<uint32_t>(h.bytes.data() + h.crc32_offset, hasher->crc32());
+    if (h.sha256_offset != std::string::npos)
+      std::memcpy(h.bytes.data() + h.sha256_offset, hasher->sha256().data(), 32);
+  }
+  if (enc) {
+    const std::string info = enc->crypt_info();
+    std::memcpy(h.bytes.data() + h.crypt_info_offset, info.data(), info.size());
+  }
+  sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
+}
+
+// Encrypted batch: tasks of up to kSealTaskChunks chunks run on all workers; each seals into its
+// worker's staging buffer and writes from there (the caller's memory is only read). A tensor of
+// several tasks has its own hashing task (the plaintext hash is sequential); the last task of a
+// tensor to finish writes its header.
+void Writer::Impl::write_encrypted(std::vector<Planned>& batch) {
+  struct Job {
+    std::unique_ptr<crypto::TensorEncryptor> enc;
+    std::unique_ptr<TensorHasher> hasher;
+    std::atomic<uint64_t> tasks_left{0};
+  };
+  struct Task {
+    size_t tensor;
+    bool hash;          // hash the whole plaintext (tensors with several tasks)
+    uint64_t first;     // first chunk to seal
+    uint64_t chunks;    // chunks to seal (0 for a pure hashing task)
+  };
+  const EncryptionParams& params = *options.encryption;
+  std::vector<Job> jobs(batch.size());
+  std::vector<Task> tasks;
+  for (size_t t = 0; t < batch.size(); ++t) {
+    const uint64_t len = batch[t].entry.data_length;
+    jobs[t].hasher = make_hasher(batch[t].header);
+    if (len == 0) {
+      tasks.push_back({t, true, 0, 0});
+      jobs[t].tasks_left = 1;
+      continue;
+    }
+    jobs[t].enc = std::make_unique<crypto::TensorEncryptor>(params, len, nonces);
+    const uint64_t chunks = jobs[t].enc->chunk_count();
+    const bool separate_hash = chunks > kSealTaskChunks && jobs[t].hasher;
+    if (separate_hash) tasks.push_back({t, true, 0, 0});
+    for (uint64_t c = 0; c < chunks; c += kSealTaskChunks)
+      tasks.push_back({t, !separate_hash && jobs[t].hasher, c, std::min(kSealTaskChunks, chunks - c)});
+    jobs[t].tasks_left = (chunks + kSealTaskChunks - 1) / kSealTaskChunks + (separate_hash ? 1 : 0);
+  }
+
+  std::atomic<size_t> next{0};
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  std::exception_ptr error;
+  auto work = [&] {
+    std::unique_ptr<uint8_t[]> staging;
+    for (;;) {
+      size_t i = next.fetch_add(1);
+      if (i >= tasks.size() || cancelled) return;
+      const Task& task = tasks[i];
+      Planned& p = batch[task.tensor];
+      Job& job = jobs[task.tensor];
+      try {
+        const auto* src = static_cast<const uint8_t*>(p.req->data);
+        const uint64_t len = p.entry.data_length;
+        if (task.hash && task.chunks == 0 && job.hasher && len > 0) job.hasher->update(src, len);
+        for (uint64_t c = task.first; c < task.first + task.chunks; ++c) {
+          if (!staging) staging.reset(new uint8_t[crypto::kChunkSize]);
+          const uint64_t off = c * crypto::kChunkSize, n = std::min(crypto::kChunkSize, len - off);
+          if (task.hash) job.hasher->update(src + off, n);  // the tensor's only task: in order
+          job.enc->encrypt_chunk(c, src + off, staging.get(), n);
+          sink->write_at(p.entry.data_offset + off, staging.get(), n);
+        }
+        if (job.tasks_left.fetch_sub(1) == 1) finish_header(p, job.hasher.get(), job.enc.get());
+      } catch (const Error& err) {
+        std::lock_guard<std::mutex> lock(mu);
+        cancelled = true;
+        if (!error)
+          error = std::make_exception_ptr(Error(
+              err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" +
+                              sink->uri() + "': " + err.what()));
+        return;
+      }
+    }
+  };
+  const int workers = worker_count(tasks.size());
+  std::vector<std::thread> threads;
+  for (int i = 1; i < workers; ++i) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// One tensor whose bytes come from `produce`: hashed as they arrive; when encrypting, gathered
+// into a staging buffer of two chunks per worker, sealed in place on all workers, then written.
+void Writer::Impl::write_streamed_data(Planned& p, const Writer::Producer& produce) {
+  const uint64_t len = p.entry.data_length;
+  std::unique_ptr<TensorHasher> hasher = make_hasher(p.header);
+  std::unique_ptr<crypto::TensorEncryptor> enc;
+  if (options.encryption && len > 0)
+    enc = std::make_unique<crypto::TensorEncryptor>(*options.encryption, len, nonces);
+  const int workers = worker_count(SIZE_MAX);
+  const uint64_t cap = enc ? std::min<uint64_t>(len, 2 * crypto::kChunkSize * workers) : 0;
+  std::unique_ptr<uint8_t[]> staging(cap ? new uint8_t[cap] : nullptr);
+  uint64_t received = 0, written = 0, filled = 0;
+  auto flush = [&] {
+    enc->encrypt_chunks(written / crypto::kChunkSize, staging.get(), staging.get(), filled, workers);
+    sink->write_at(p.entry.data_offset + written, staging.get(), filled);
+    written += filled;
+    filled = 0;
+  };
+  const std::string label = "tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" + sink->uri() + "'";
+  try {
+    Writer::Emit emit = [&](const void* data, size_t size) {
+      if (size > len - received)
+        fail(ErrorCode::kInvalidArgument, "more bytes were produced than the tensor's " + std::to_string(len));
+      const auto* bytes = static_cast<const uint8_t*>(data);
+      if (hasher) hasher->update(bytes, size);
+      received += size;
+      if (!enc) {
+        sink->write_at(p.entry.data_offset + written, bytes, size);
+        written += size;
+        return;
+      }
+      while (size > 0) {
+        const uint64_t n = std::min<uint64_t>(size, cap - filled);
+        std::memcpy(staging.get() + filled, bytes, n);
+        filled += n;
+        bytes += n;
+        size -= n;
+        if (filled == cap) flush();
+      }
+    };
+    produce(emit);
+    if (received != len)
+      fail(ErrorCode::kInvalidArgument, std::to_string(received) + " bytes were produced, the tensor has " +
+                                            std::to_string(len));
+    if (filled) flush();
+    finish_header(p, hasher.get(), enc.get());
+  } catch (const Error& err) {
+    throw Error(err.code(), "writing " + label + ": " + err.what());
+  }
 }
 
 void Writer::Impl::sync() {
