@@ -189,6 +189,22 @@ class StreamCursor {
   // delivered. On a failure, `error` says why (then the next read starts a new transfer).
   uint64_t read(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, std::string& error,
                 long& status) {
+    const std::vector<IoSlice> original = slices;
+    uint64_t from_history = 0;
+    if (easy_ && offset < pos_ && offset >= history_at_ && pos_ - offset <= history_.size() - (offset - history_at_)) {
+      // A read a little behind the stream (e.g. the first tensors after the index): from history.
+      from_history = std::min(total, pos_ - offset);
+      std::vector<IoSlice>* keep = slices_;
+      slices_ = &slices;
+      want_ = from_history;
+      got_ = skip_ = 0;
+      const uint64_t save_pos = pos_;
+      consume(history_.data() + (offset - history_at_), static_cast<size_t>(from_history));
+      pos_ = save_pos;
+      slices_ = keep;
+      offset += from_history;
+      total -= from_history;
+    }
     if (!easy_ || offset < pos_) start();
     slices_ = &slices;
     skip_ = offset - pos_;
@@ -217,9 +233,13 @@ class StreamCursor {
     if (!error_.empty()) {
       error = error_;
       stop();
+    } else if (from_history == 0 && total <= kHistory) {
+      history_.clear();
+      for (const IoSlice& sl : original) history_.append(static_cast<const char*>(sl.data), sl.size);
+      history_at_ = offset;
     }
     slices_ = nullptr;
-    return got_;
+    return from_history + got_;
   }
 
  private:
@@ -245,6 +265,8 @@ class StreamCursor {
     pos_ = 0;
     leftover_.clear();
     leftover_at_ = 0;
+    history_.clear();
+    history_at_ = 0;
     meta_ = ResponseMeta();
     checked_ = paused_ = finished_ = false;
     result_ = CURLE_OK;
@@ -314,6 +336,8 @@ class StreamCursor {
     if (leftover_at_ == leftover_.size()) leftover_.clear(), leftover_at_ = 0;
   }
 
+  static constexpr uint64_t kHistory = 1 << 20;  // small reads are kept to serve a read just behind
+
   Shared& s_;
   CURLM* multi_;
   CurlEasy easy_;
@@ -326,6 +350,8 @@ class StreamCursor {
   uint64_t pos_ = 0;  // stream offset of the next byte not yet handed out (leftover first)
   std::string leftover_;
   size_t leftover_at_ = 0;
+  std::string history_;  // the bytes of the last small read, starting at history_at_
+  uint64_t history_at_ = 0;
   // the read in progress
   std::vector<IoSlice>* slices_ = nullptr;
   uint64_t skip_ = 0, want_ = 0, got_ = 0;

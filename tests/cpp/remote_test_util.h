@@ -169,6 +169,14 @@ class FaultProxy {
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   }
   // How many connections the proxy faulted (from its log).
+  // Bytes forwarded to clients over every finished connection.
+  uint64_t bytes_forwarded() const {
+    std::ifstream f(log_);
+    uint64_t total = 0, n = 0;
+    std::string id, action, outcome;
+    while (f >> id >> action >> n >> outcome) total += n;
+    return total;
+  }
   // `kind` ("drop", "503", ...) counts only that action; empty counts all.
   int faulted(const std::string& kind = "") const {
     std::ifstream f(log_);

@@ -3,6 +3,7 @@
 // resets, stalls and 503 bursts during one load still give bit-exact tensors; a server that is
 // gone gives an error within the configured timeout naming the URI and the offset.
 #include <chrono>
+#include <thread>
 
 #include "remote_test_util.h"
 
@@ -111,6 +112,24 @@ TEST(TransportFaultTest, RedisLoadSurvivesTwentyDrops) {
   test::FaultProxy proxy(test::host_port(url), "drop:2000-600000x40", 11);
   test::expect_model("redis://" + proxy.address() + "/" + prefix, fast_retries(), model);
   EXPECT_GE(proxy.faulted("drop"), 20) << proxy.log_text();
+}
+
+TEST(TransportFaultTest, ServerWithoutRangesIsReadInOnePass) {
+  TZ_SERVER_ENV(url, "TZ_TEST_HTTP_NORANGE_URL");
+  TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
+  const ServedModel& m = served_model(root);
+  const uint64_t file_size = test::read_file(root + "/" + m.name).size();
+  // Two connections are dropped mid-way: each costs a restart from byte 0, nothing more.
+  test::FaultProxy proxy(test::host_port(url), "pass,drop:8000000x2");
+  {
+    test::expect_model("http://" + proxy.address() + "/" + m.name, fast_retries(), m.model);
+  }
+  for (int i = 0; i < 100 && proxy.bytes_forwarded() < file_size; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the last connection's log line
+  EXPECT_EQ(proxy.faulted("drop"), 2) << proxy.log_text();
+  // The probe (one response, cut short), two 8 MB restarts and one full pass: not one pass per
+  // read (that would be well over twice the file).
+  EXPECT_LT(proxy.bytes_forwarded(), file_size + 2 * 8000000 + 6000000) << proxy.log_text();
 }
 
 TEST(TransportFaultTest, ExhaustedRetriesNameUriOffsetAndLastStatus) {
