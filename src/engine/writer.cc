@@ -31,6 +31,17 @@ struct Planned {
   EncodedTensorHeader header;
 };
 
+// Keeps the first failure of a parallel write, naming the tensor and the sink, and stops the rest.
+void record_write_error(std::mutex& mu, std::atomic<bool>& cancelled, std::exception_ptr& error,
+                        const Planned& p, const Sink& sink, const Error& err) {
+  std::lock_guard<std::mutex> lock(mu);
+  cancelled = true;
+  if (!error)
+    error = std::make_exception_ptr(Error(err.code(), "writing tensor '" +
+                                                          display_path(p.entry.path).substr(0, 200) +
+                                                          "' to '" + sink.uri() + "': " + err.what()));
+}
+
 }  // namespace
 
 struct Writer::Impl {
@@ -251,12 +262,7 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
         }
         sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
       } catch (const Error& err) {
-        std::lock_guard<std::mutex> lock(mu);
-        cancelled = true;
-        if (!error)
-          error = std::make_exception_ptr(Error(
-              err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" +
-                              sink->uri() + "': " + err.what()));
+        record_write_error(mu, cancelled, error, p, *sink, err);
         return;
       }
     }
@@ -366,12 +372,7 @@ void Writer::Impl::write_encrypted(std::vector<Planned>& batch) {
         }
         if (job.tasks_left.fetch_sub(1) == 1) finish_header(p, job.hasher.get(), job.enc.get());
       } catch (const Error& err) {
-        std::lock_guard<std::mutex> lock(mu);
-        cancelled = true;
-        if (!error)
-          error = std::make_exception_ptr(Error(
-              err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" +
-                              sink->uri() + "': " + err.what()));
+        record_write_error(mu, cancelled, error, p, *sink, err);
         return;
       }
     }
