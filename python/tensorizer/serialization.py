@@ -199,6 +199,18 @@ def _resolve_cuda_device() -> torch.device:
     return torch.device("cuda", 0)
 
 
+def _check_file_mode(file_obj: Any, operation: str, message: str) -> None:
+    """Raises ValueError(message + current mode) unless file_obj is a binary stream that can
+    `operation` ("read" or "write")."""
+    try:
+        able = getattr(file_obj, {"read": "readable", "write": "writable"}[operation])()
+    except AttributeError:
+        able = hasattr(file_obj, operation)
+    if isinstance(file_obj, io.TextIOBase) or not able:
+        mode = getattr(file_obj, "mode", "")
+        raise ValueError(message + (mode and f', current mode="{mode}"') + ")")
+
+
 class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextManager):
     """Reads a .tensors file into torch tensors; a read-only Mapping of its top-level keys.
 
@@ -346,17 +358,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:
-        try:
-            readable = file_obj.readable()
-        except AttributeError:
-            readable = hasattr(file_obj, "read")
-        if isinstance(file_obj, io.TextIOBase) or not readable:
-            mode = getattr(file_obj, "mode", "")
-            raise ValueError(
-                'TensorDeserializer\'s file_obj must be readable and in binary mode (mode="rb"{})'.format(
-                    mode and f', current mode="{mode}"'
-                )
-            )
+        _check_file_mode(file_obj, "read", 'TensorDeserializer\'s file_obj must be readable and in binary mode (mode="rb"')
 
     def _close_source(self) -> None:
         with self._lock:
@@ -840,17 +842,11 @@ class TensorSerializer:
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:
-        try:
-            writable = file_obj.writable()
-        except AttributeError:
-            writable = hasattr(file_obj, "write")
-        if isinstance(file_obj, io.TextIOBase) or not writable:
-            mode = getattr(file_obj, "mode", "")
-            raise ValueError(
-                'TensorSerializer\'s file_obj must be writable, seekable, and in binary mode (mode="wb+"{})'.format(
-                    mode and f', current mode="{mode}"'
-                )
-            )
+        _check_file_mode(
+            file_obj,
+            "write",
+            'TensorSerializer\'s file_obj must be writable, seekable, and in binary mode (mode="wb+"',
+        )
 
     @property
     def total_tensor_bytes(self) -> int:
