@@ -18,20 +18,11 @@
 namespace tensorizer {
 namespace {
 
+using test::error_code_of;
 using test::hex;
 
 const uint8_t* u8(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
 
-template <typename F>
-ErrorCode error_code_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "expected a tensorizer::Error";
-  return ErrorCode::kCancelled;
-}
 
 TensorPath P(std::vector<PathComponent> c) { return TensorPath(std::move(c)); }
 

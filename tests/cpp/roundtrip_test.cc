@@ -22,6 +22,7 @@ namespace tensorizer {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_code_of;
 
 // Every serializable torch dtype name (spec §1.9).
 const std::vector<std::string>& all_torch_dtypes() {
@@ -129,16 +130,6 @@ std::vector<std::string> dir_entries(const std::string& dir) {
   return out;
 }
 
-template <typename F>
-ErrorCode error_code_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "expected a tensorizer::Error";
-  return ErrorCode::kCancelled;
-}
 
 // ---- Dtypes and shapes ------------------------------------------------------------------------
 

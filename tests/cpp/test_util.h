@@ -2,6 +2,7 @@
 // that serve a mutated copy of a file.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "tensorizer/reader.h"
 #include "tensorizer/tensor_path.h"
+#include "tensorizer/error.h"
 #include "tensorizer/transport.h"
 
 namespace tensorizer::test {
@@ -36,6 +38,18 @@ class TempDir {
 
 // A source over `bytes`, cut to its first `size` bytes (to simulate truncation without copying).
 std::unique_ptr<Source> truncated_source(std::shared_ptr<const std::string> bytes, uint64_t size);
+
+// The ErrorCode `f` throws; fails the test (returning kCancelled) when it throws nothing.
+template <typename F>
+ErrorCode error_code_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "expected a tensorizer::Error";
+  return ErrorCode::kCancelled;
+}
 
 // Runs a shell command, returning its exit status and stdout.
 int run_command(const std::string& cmd, std::string* out);
