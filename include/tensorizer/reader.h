@@ -39,6 +39,7 @@ struct LoadOptions {
   int num_workers = 0;        // 0 = one per usable CPU core (at least 2 for remote sources)
   bool verify_hash = false;   // recompute CRC32/SHA-256 and compare
   bool collect_mismatches = false;  // with verify_hash: report mismatches instead of throwing
+  bool advise_huge_pages = true;    // MADV_HUGEPAGE on destinations first (fresh memory faults 2 MiB at a time)
 };
 
 struct LoadResult {

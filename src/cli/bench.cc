@@ -53,6 +53,18 @@ struct Buffer {
   ~Buffer() { munmap(data, size); }
 };
 
+// Fresh anonymous memory, never touched: loads into it pay the page faults a real load pays.
+struct FreshBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  explicit FreshBuffer(size_t n) : size(std::max<size_t>(n, 1)) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) + " bytes");
+    data = static_cast<uint8_t*>(p);
+  }
+  ~FreshBuffer() { munmap(data, size); }
+};
+
 // Tensor shapes of a decoder-only transformer (hidden h, 4h MLP), repeated until `bytes`.
 std::vector<std::pair<std::string, std::vector<uint64_t>>> model_shapes(uint64_t bytes) {
   const uint64_t h = 2048;
@@ -172,6 +184,33 @@ void run_bench(const BenchOptions& o) {
   reader->load(dests, vo);
   double verify_s = seconds_since(t);
 
+  // Loads into fresh memory (what a real load gets): the page faults that zero and map it are
+  // timed; once with the engine's MADV_HUGEPAGE advice and once without, next to read() into
+  // fresh memory.
+  std::vector<double> fresh_raw, fresh_small, fresh_huge;
+  for (int rep = 0; rep < o.repeat + 1; ++rep) {
+    std::vector<double> l;
+    for (int mode = 0; mode < 3; ++mode) {
+      FreshBuffer fresh(std::max(total, file_size));
+      if (mode == 0) {
+        l.push_back(raw_read_seconds(path, fresh.data, file_size));
+        continue;
+      }
+      std::vector<TensorDestination> fd;
+      for (size_t i = 0; i < reader->entries().size(); ++i) fd.push_back({i, fresh.data + offsets[i]});
+      LoadOptions lo;
+      lo.num_workers = n_workers;
+      lo.advise_huge_pages = mode == 2;
+      auto t0 = Clock::now();
+      reader->load(fd, lo);
+      l.push_back(seconds_since(t0));
+    }
+    if (rep == 0) continue;  // warm-up
+    fresh_raw.push_back(l[0]);
+    fresh_small.push_back(l[1]);
+    fresh_huge.push_back(l[2]);
+  }
+
   const double gb = total / 1e9, raw_gbps = file_size / 1e9 / median(raw);
   std::printf("%-34s %10s %10s\n", "operation", "GB/s", "vs read()");
   std::printf("%-34s %10.2f %10s\n", "raw read() of the file", raw_gbps, "1.00");
@@ -182,6 +221,12 @@ void run_bench(const BenchOptions& o) {
     std::printf("%-34s %10.2f %10.2f\n", label, g, g / raw_gbps);
   }
   std::printf("%-34s %10.2f %10.2f\n", "load + verify CRC32/SHA-256", gb / verify_s, gb / verify_s / raw_gbps);
+  const double fresh_gbps = file_size / 1e9 / median(fresh_raw);
+  std::printf("%-34s %10.2f %10s\n", "read() into fresh memory", fresh_gbps, "-");
+  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, 4 KiB pages", gb / median(fresh_small),
+              gb / median(fresh_small) / fresh_gbps);
+  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, huge pages", gb / median(fresh_huge),
+              gb / median(fresh_huge) / fresh_gbps);
   std::printf("%-34s %10.2f %10s\n", "write (hash + write)", gb / median(write_s), "-");
   std::printf("median of %d runs after a warm-up; all bytes checked\n", o.repeat);
   if (!o.keep && o.file.empty()) std::filesystem::remove(path);

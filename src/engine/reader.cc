@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "crypto/tensor_crypto.h"
+#include "engine/huge_pages.h"
 #include "engine/planner.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
@@ -194,6 +195,7 @@ class LoadJob {
     for (const auto& d : dests_) {
       const IndexEntry& e = r_.entries[d.entry];
       planned.push_back({e.header_offset, e.header_size(), e.data_length, splittable});
+      if (opt_.advise_huge_pages && d.data) engine::advise_huge_pages(d.data, e.expected_bytes());
     }
     engine::PlanOptions plan;
     if (encrypted) {

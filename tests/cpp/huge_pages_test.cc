@@ -1,0 +1,98 @@
+// Loads advise the kernel to back fresh destinations with transparent huge pages (2 MiB faults),
+// and leave memory alone when told not to. Checked in /proc/self/smaps of the destination range.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+
+#include "tensorizer/reader.h"
+#include "tensorizer/writer.h"
+#include "test_util.h"
+
+namespace tensorizer {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// The bracketed mode of /sys/kernel/mm/transparent_hugepage/enabled ("always", "madvise", "never").
+std::string thp_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto open = all.find('['), close = all.find(']');
+  return open == std::string::npos || close == std::string::npos ? "" : all.substr(open + 1, close - open - 1);
+}
+
+// AnonHugePages (bytes) of the mappings that lie inside [begin, end).
+uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
+  std::ifstream f("/proc/self/smaps");
+  uint64_t total = 0;
+  bool inside = false;
+  for (std::string line; std::getline(f, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo >= begin && hi <= end;
+      continue;
+    }
+    if (inside && line.rfind("AnonHugePages:", 0) == 0) total += std::stoull(line.substr(14)) * 1024;
+  }
+  return total;
+}
+
+class HugePagesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mode_ = thp_mode();
+    if (mode_ != "always" && mode_ != "madvise") GTEST_SKIP() << "transparent huge pages are off here";
+    data_.resize(12 * kMiB);
+    for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<char>(i * 131 + (i >> 20));
+    WriteRequest req;
+    req.path = TensorPath("big");
+    req.dtype = "<u1";
+    req.shape = {data_.size()};
+    req.data = data_.data();
+    file_ = dir_.path("big.tensors");
+    auto w = Writer::open(file_);
+    w->write({req});
+    w->close();
+  }
+
+  // Loads the tensor into fresh anonymous memory; returns the AnonHugePages of that memory.
+  uint64_t load_fresh(bool advise) {
+    const size_t len = data_.size() + 4 * kMiB;
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    auto* dst = static_cast<uint8_t*>(p) + 4096;  // not 2 MiB aligned: only the interior is advised
+    auto r = Reader::open(file_);
+    LoadOptions o;
+    o.advise_huge_pages = advise;
+    r->load({{0, dst}}, o);
+    EXPECT_EQ(std::memcmp(dst, data_.data(), data_.size()), 0);
+    const auto begin = reinterpret_cast<uintptr_t>(p);
+    const uint64_t huge = anon_huge_bytes(begin, begin + len);
+    munmap(p, len);
+    return huge;
+  }
+
+  test::TempDir dir_;
+  std::string mode_, file_, data_;
+};
+
+TEST_F(HugePagesTest, FreshDestinationGetsHugePages) {
+  // 12 MiB from a 4 KiB offset holds five aligned 2 MiB pages; the kernel may still fall back to
+  // small pages when it has no free huge page, so one is enough to show the advice took effect.
+  const uint64_t huge = load_fresh(true);
+  EXPECT_GE(huge, 2 * kMiB);
+  EXPECT_LE(huge, 10 * kMiB) << "advice reaches past the destination's aligned interior";
+}
+
+TEST_F(HugePagesTest, NoAdviceLeavesSmallPages) {
+  if (mode_ == "always") GTEST_SKIP() << "every anonymous mapping may get huge pages in 'always' mode";
+  EXPECT_EQ(load_fresh(false), 0u);
+}
+
+}  // namespace
+}  // namespace tensorizer
