@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Remote load throughput over loopback: our engine (bench/remote_load) next to a raw client on the
 # same server, for HTTP (nginx), S3 (moto) and Redis. Not part of `make test`.
-#   bash bench/remote.sh     (REMOTE_SIZE_MB, default 2048; REMOTE_S3_SIZE_MB, default 512, since
-#                             moto copies the whole object in Python for every ranged GET; BUILD)
+#   bash bench/remote.sh     (REMOTE_SIZE_MB, default 2048; REMOTE_S3_SIZE_MB, default the same;
+#                             REMOTE_S3_READ_MIB, default "512 2048": the TENSORIZER_READ_MIB
+#                             values also timed for S3, since moto copies the whole object in
+#                             Python for every ranged GET; REMOTE_REPS, default 3: best of; BUILD)
 # Raw baselines: `curl -o /dev/null` of the file; curl of a presigned S3 URL (made by boto3), whole
 # and as the same 16 MiB ranged GETs our engine makes; `redis-cli --raw GET` of every key of the
 # object, one after another, into /dev/null.
@@ -10,11 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 SIZE_MB=${REMOTE_SIZE_MB:-2048}
-S3_SIZE_MB=${REMOTE_S3_SIZE_MB:-512}
+S3_SIZE_MB=${REMOTE_S3_SIZE_MB:-$SIZE_MB}
+S3_READ_MIB=${REMOTE_S3_READ_MIB:-512 2048}
+REPS=${REMOTE_REPS:-3}
 if [ -z "${TZ_TEST_HTTP_URL:-}" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
   cmake --build "$BUILD" -j "${JOBS:-2}" --target remote_load tensorizer_cli > /dev/null
-  exec bash scripts/with-servers.sh env BUILD="$BUILD" REMOTE_SIZE_MB="$SIZE_MB" REMOTE_S3_SIZE_MB="$S3_SIZE_MB" bash "$0"
+  exec bash scripts/with-servers.sh env BUILD="$BUILD" REMOTE_SIZE_MB="$SIZE_MB" REMOTE_S3_SIZE_MB="$S3_SIZE_MB" \
+    REMOTE_S3_READ_MIB="$S3_READ_MIB" REMOTE_REPS="$REPS" bash "$0"
 fi
 
 T=$BUILD/tensorizer
@@ -24,7 +29,7 @@ export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_ENDPOINT_URL=
 echo "remote bench: making a $SIZE_MB MiB model" >&2
 $L --make "$TZ_TEST_HTTP_ROOT/$name" "$SIZE_MB"
 s3name=bench-s3-$S3_SIZE_MB.tensors
-$L --make "$TZ_TEST_HTTP_ROOT/$s3name" "$S3_SIZE_MB"
+[ "$s3name" = "$name" ] || $L --make "$TZ_TEST_HTTP_ROOT/$s3name" "$S3_SIZE_MB"
 s3uri=s3://$TZ_TEST_S3_BUCKET/$s3name
 redisuri=$TZ_TEST_REDIS_URL/bench
 echo "remote bench: uploading to S3 and Redis" >&2
@@ -33,10 +38,10 @@ s3bytes=$(stat -c %s "$TZ_TEST_HTTP_ROOT/$s3name")
 $T cp -q "$TZ_TEST_HTTP_ROOT/$name" "$redisuri"
 bytes=$(stat -c %s "$TZ_TEST_HTTP_ROOT/$name")
 
-# best of 3 wall-clock seconds of a command
+# best of $REPS wall-clock seconds of a command
 best3() {
   local best="" t
-  for _ in 1 2 3; do
+  for _ in $(seq "$REPS"); do
     t=$(python3 -c "import time,subprocess,sys; t=time.perf_counter(); subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); print(time.perf_counter()-t)" "$@")
     if [ -z "$best" ] || python3 -c "import sys; sys.exit(0 if $t < $best else 1)"; then best=$t; fi
   done
@@ -46,7 +51,7 @@ row() {  # row LABEL SECONDS [BYTES]
   python3 -c "import sys; s=float(sys.argv[2]); print(f'{sys.argv[1]:<40} {s:7.2f} s {int(sys.argv[3])/s/1e9:6.2f} GB/s')" "$1" "$2" "${3:-$bytes}"
 }
 ours() {  # ours URI WORKERS -> seconds
-  $L "$1" --workers "$2" --reps 3 | python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])"
+  $L "$1" --workers "$2" --reps "$REPS" | python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])"
 }
 
 presigned=$(python3 - "$TZ_TEST_S3_ENDPOINT" "$TZ_TEST_S3_BUCKET" "$s3name" <<'PY'
@@ -82,7 +87,10 @@ for w in 1 2 8; do row "HTTP ours ($w workers)" "$(ours "$TZ_TEST_HTTP_URL/$name
 echo "== S3: $s3bytes bytes =="
 row "S3 raw: curl presigned URL" "$(best3 curl -s -o /dev/null "$presigned")" "$s3bytes"
 row "S3 raw: curl presigned, 16 MiB ranges" "$(best3 bash -c ranged_curl)" "$s3bytes"
-for w in 1 8; do row "S3 ours ($w workers)" "$(ours "$s3uri" $w)" "$s3bytes"; done
+row "S3 ours (8 workers, 16 MiB GETs)" "$(ours "$s3uri" 8)" "$s3bytes"
+for mib in $S3_READ_MIB; do
+  row "S3 ours (TENSORIZER_READ_MIB=$mib)" "$(export TENSORIZER_READ_MIB=$mib; ours "$s3uri" 8)" "$s3bytes"
+done
 echo "== Redis: $bytes bytes =="
 row "Redis raw: redis-cli --raw GET" "$(best3 bash -c redis_all_keys)"
 for w in 1 2 4; do row "Redis ours ($w workers)" "$(ours "$redisuri" $w)"; done

@@ -41,6 +41,9 @@ class Source {
   virtual uint64_t bytes_read() const = 0;
   // How many concurrent readers this source serves best; 0 = one per CPU core.
   virtual int preferred_readers() const { return 0; }
+  // How many bytes one read request of a load should cover (the planner's item size); 0 = the
+  // engine's default (16 MiB).
+  virtual uint64_t preferred_read_bytes() const { return 0; }
   // The descriptor of a local regular file behind this source (for memory mapping), else -1.
   virtual int local_fd() const { return -1; }
 
@@ -76,6 +79,9 @@ struct TransportOptions {
   std::string ca_path;           // custom CA directory (curl CAPATH)
   bool allow_untrusted = false;  // skip certificate verification
   std::vector<std::string> http_headers;  // extra request headers, "Name: value"
+  // HTTP(S) and S3: bytes per ranged GET of a load; 0 = $TENSORIZER_READ_MIB (MiB) if set, else
+  // the engine's 16 MiB. Larger suits servers whose cost is per request, not per byte.
+  uint64_t read_bytes = 0;
   // S3 (spec §5.4); unset optionals are resolved from config files and the environment.
   std::optional<std::string> s3_access_key_id;
   std::optional<std::string> s3_secret_access_key;

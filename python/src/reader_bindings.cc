@@ -126,16 +126,18 @@ class PyReader {
     return out;
   }
 
-  // `size` raw bytes of the object at `offset` (to_redis).
+  // `size` raw bytes of the object at `offset` (to_redis), read straight into the new bytes object
+  // (not yet visible to Python, so filling it without the GIL is safe): one copy in memory.
   nb::bytes read_raw(uint64_t offset, uint64_t size) {
     Reader& r = get();
-    std::string buf(size, '\0');
+    nb::bytes out(nullptr, size);
+    char* dst = PyBytes_AsString(out.ptr());
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      if (size) r.source().read_at(offset, buf.data(), size);
+      if (size) r.source().read_at(offset, dst, size);
     }
-    return nb::bytes(buf.data(), buf.size());
+    return out;
   }
 
   // (module index, [(hash type, stored value)], hashable header bytes) for a tensor, reading its

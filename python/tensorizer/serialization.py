@@ -16,6 +16,7 @@ import stat
 import threading
 import types
 import typing
+import uuid
 import warnings
 from enum import IntEnum
 from typing import (
@@ -705,18 +706,86 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         return None
 
     def to_redis(self, redis_client, key_prefix: str, force: bool = False) -> None:
-        """Copies the file into Redis keys the way tensorizer lays them out (spec §5.6)."""
+        """Copies the file into Redis keys the way tensorizer lays them out (spec §5.6).
+
+        Uses the given redis-py client (its auth, database and TLS apply). Memory stays bounded by
+        REDIS_CHUNK_BYTES whatever the tensor sizes: larger values are streamed (see _redis_put).
+        Without `force`, tensors whose header key exists are skipped; a tensor's header key is
+        written after its data, so an interrupted copy never leaves a header key that would make
+        a later call skip a tensor whose data is missing.
+        """
         if self._reader is None or self._reader.closed:
             raise OSError(f"'{self._file_label}' is closed; use lazy_load=True to copy it to Redis")
         reader = self._reader
-        redis_client.set(f"{key_prefix}:header:0", reader.read_raw(0, 73 + reader.index_size))
+
+        def put(key: str, offset: int, size: int, what: str) -> None:
+            try:
+                _redis_put(redis_client, reader.read_raw, key_prefix, key, offset, size)
+            except Exception as e:
+                if hasattr(e, "add_note"):  # Python 3.11+
+                    e.add_note(
+                        f"while copying {what} of '{self._file_label}' (bytes {offset}+{size}) to Redis key {key!r}"
+                    )
+                raise
+
+        put(f"{key_prefix}:header:0", 0, 73 + reader.index_size, "the file header and index")
         for path, r in self._records.items():
             e = r.entry
             name = path.serialized_().decode("utf-8")
-            if not force and redis_client.exists(f"{key_prefix}:{name}:{e.offset}"):
+            header_key = f"{key_prefix}:{name}:{e.offset}"
+            if not force and redis_client.exists(header_key):
                 continue
-            redis_client.set(f"{key_prefix}:{name}:{e.offset}", reader.read_raw(e.offset, e.data_offset - e.offset))
-            redis_client.set(f"{key_prefix}:{name}:{e.data_offset}", reader.read_raw(e.data_offset, e.data_length))
+            label = f"tensor {_tensor_path.display(path)!r}"
+            put(f"{key_prefix}:{name}:{e.data_offset}", e.data_offset, e.data_length, f"the data of {label}")
+            put(header_key, e.offset, e.data_offset - e.offset, f"the header of {label}")
+
+
+# to_redis sends a value larger than this in pieces of this size, so a copy never holds more than
+# one piece of a tensor in memory.
+REDIS_CHUNK_BYTES = 32 << 20
+# Lifetime of the temporary key a large value is assembled in, renewed with every piece, so that a
+# killed process leaves nothing behind for long.
+_REDIS_TMP_TTL_S = 3600
+
+
+def _redis_put(client, read_raw, key_prefix: str, key: str, offset: int, size: int) -> None:
+    """Sets Redis `key` to the `size` source bytes at `offset` (read with `read_raw(offset, n)`).
+
+    Up to REDIS_CHUNK_BYTES this is one SET. A larger value is assembled in a temporary key
+    (SET of the first piece, then APPEND of each next one, whose returned length is checked) and
+    RENAMEd to `key` at the end, so a reader never sees a partial value and a failure leaves no
+    partial `key`: the temporary key is deleted on failure. The temporary key is
+    `<key_prefix>.tz-staging-<random>` (as the Redis sink names its own), outside the
+    `<key_prefix>:*` namespace that readers SCAN.
+    """
+    chunk = REDIS_CHUNK_BYTES
+    if size <= chunk:
+        client.set(key, read_raw(offset, size))
+        return
+    tmp = f"{key_prefix}.tz-staging-{uuid.uuid4().hex}"
+    try:
+        client.set(tmp, read_raw(offset, chunk), ex=_REDIS_TMP_TTL_S)
+        done = chunk
+        while done < size:
+            n = min(chunk, size - done)
+            pipe = client.pipeline(transaction=False)
+            pipe.append(tmp, read_raw(offset + done, n))
+            pipe.expire(tmp, _REDIS_TMP_TTL_S)
+            length = pipe.execute()[0]
+            done += n
+            if length != done:
+                raise OSError(
+                    f"Redis temporary key {tmp!r} holds {length} bytes after APPEND, expected {done}"
+                    " (it expired or was changed by another client)"
+                )
+        pipe = client.pipeline(transaction=True)  # MULTI/EXEC: the final key never has a TTL
+        pipe.rename(tmp, key)
+        pipe.persist(key)
+        pipe.execute()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.delete(tmp)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------

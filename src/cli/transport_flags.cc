@@ -21,6 +21,10 @@ void add_transport_options(CLI::App* cmd, TransportOptions& t) {
   cmd->add_flag_callback("--force-http", [&t] { t.force_http = true; }, "talk plain HTTP to the S3 endpoint");
   cmd->add_flag_callback("--s3-virtual-hosted", [&t] { t.s3_virtual_hosted = true; },
                          "virtual-hosted S3 addressing (bucket.host) instead of path-style");
+  cmd->add_option_function<uint64_t>(
+         "--read-mib", [&t](uint64_t mib) { t.read_bytes = mib << 20; },
+         "MiB per ranged GET of http(s):// and s3:// loads (default $TENSORIZER_READ_MIB, else 16)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   cmd->add_option("--stall-timeout", t.stall_timeout_s, "seconds without progress before a transfer fails");
   cmd->add_option("--retries", t.max_retries, "retries of a failed transfer (consecutive, without progress)");
 }

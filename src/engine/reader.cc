@@ -198,6 +198,7 @@ class LoadJob {
       if (opt_.advise_huge_pages && d.data) engine::advise_huge_pages(d.data, e.expected_bytes());
     }
     engine::PlanOptions plan;
+    if (const uint64_t b = r_.source->preferred_read_bytes()) plan.target_item_bytes = b;
     if (encrypted) {
       plan.target_item_bytes = kEncryptedItemBytes;
       plan.split_granularity = crypto::kChunkSize;

@@ -214,4 +214,39 @@ std::string uri_encode(const std::string& s, bool keep_slash) {
   return out;
 }
 
+namespace {
+
+bool secret_parameter(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const char* word : {"sig", "token", "credential", "key", "secret", "password", "auth"})
+    if (name.find(word) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string redact_url(const std::string& url) {
+  std::string out = url;
+  const size_t scheme_end = out.find("://");
+  const size_t auth_begin = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+  const size_t auth_end = std::min(out.find_first_of("/?#", auth_begin), out.size());
+  const size_t at = out.substr(0, auth_end).rfind('@');
+  if (at != std::string::npos && at >= auth_begin) out.replace(auth_begin, at - auth_begin, "***");
+  size_t q = out.find('?');
+  if (q == std::string::npos) return out;
+  const size_t end = std::min(out.find('#', q), out.size());
+  std::string query, sep;
+  size_t pos = q + 1;
+  while (pos <= end) {
+    size_t amp = std::min(out.find('&', pos), end);
+    std::string param = out.substr(pos, amp - pos);
+    const size_t eq = param.find('=');
+    if (eq != std::string::npos && secret_parameter(param.substr(0, eq))) param = param.substr(0, eq + 1) + "***";
+    query += sep + param;
+    sep = "&";
+    pos = amp + 1;
+  }
+  return out.substr(0, q + 1) + query + out.substr(end);
+}
+
 }  // namespace tensorizer::net

@@ -99,4 +99,9 @@ std::string describe_status(long status, const std::string& body, bool s3);
 // Percent-encodes everything except RFC 3986 unreserved characters (and '/' when keep_slash).
 std::string uri_encode(const std::string& s, bool keep_slash);
 
+// `url` fit for messages: user information in the authority ("user:secret@", "token@") and the
+// values of query parameters that carry secrets (signatures, tokens, credentials, keys: presigned
+// URLs) become "***"; everything else is kept.
+std::string redact_url(const std::string& url);
+
 }  // namespace tensorizer::net

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -399,6 +401,7 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->ranges ? 8 : 1;
   }
+  uint64_t preferred_read_bytes() const override { return s_->options.read_bytes; }
 
  private:
   // First contact: `Range: bytes=0-0` gives the size (Content-Range total, or the whole body's
@@ -575,12 +578,26 @@ class HttpSource final : public Source {
   std::shared_ptr<Shared> s_;
 };
 
+// TENSORIZER_READ_MIB: the ranged-GET size when the options leave it unset (0 if neither is).
+uint64_t read_bytes_from_env() {
+  const char* v = std::getenv("TENSORIZER_READ_MIB");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long mib = std::strtoull(v, &end, 10);
+  if (errno || *end || *v == '-' || mib == 0 || mib > (1ull << 20))
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("TENSORIZER_READ_MIB must be a whole number of MiB from 1 to 1048576, not '") + v + "'");
+  return mib << 20;
+}
+
 }  // namespace
 
 std::unique_ptr<Source> open_http_source(net::HttpTarget target, const TransportOptions& options) {
   auto s = std::make_shared<Shared>();
   s->target = std::move(target);
   s->options = options;
+  if (s->options.read_bytes == 0) s->options.read_bytes = read_bytes_from_env();
   return std::make_unique<HttpSource>(std::move(s));
 }
 

@@ -23,7 +23,7 @@ std::string scheme_of(const std::string& uri) {
 
 [[noreturn]] void unsupported(const std::string& scheme, const std::string& uri, const char* dir) {
   fail(ErrorCode::kUnsupported,
-       "no " + std::string(dir) + " transport for scheme '" + scheme + "' (" + uri + ")");
+       "no " + std::string(dir) + " transport for scheme '" + scheme + "' (" + net::redact_url(uri) + ")");
 }
 
 }  // namespace
@@ -35,7 +35,7 @@ std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptio
   if (scheme == "http" || scheme == "https") {
     net::HttpTarget target;
     target.url = scheme + uri.substr(scheme.size());  // curl wants a lower-case scheme
-    target.display_uri = uri;
+    target.display_uri = net::redact_url(uri);
     return open_http_source(std::move(target), options);
   }
   if (scheme == "s3") return open_s3_source(uri, options);

@@ -11,7 +11,8 @@
 // key) / GETRANGE (part of a key) over a connection used raw: hiredis connects, then our own RESP
 // reader lands each bulk reply's payload straight in the destination slices (no intermediate copy
 // of large values). A dropped connection or timeout reconnects and resumes at the first missing
-// byte, with the same retry policy as HTTP.
+// byte, with the same retry policy as HTTP; connecting and listing (SCAN, STRLEN) at open are
+// retried the same way, restarting the listing.
 //
 // Write side: the Writer patches offsets (data, then headers, then the index at 0), so the sink
 // stages the object in a temporary file. commit() parses the staged prelude+index with the codec,
@@ -552,43 +553,68 @@ class RedisSink final : public Sink {
   bool done_ = false;
 };
 
-}  // namespace
-
-std::unique_ptr<Source> open_redis_source(const std::string& uri, const TransportOptions& options) {
-  auto s = std::make_shared<Shared>();
-  s->addr = parse_redis_uri(uri);
-  s->options = options;
-  Context c = connect(s->addr, options);
-  std::vector<std::string> keys = scan_keys(c.get(), s->addr, s->addr.prefix);
-  // STRLEN of every key, pipelined.
+// Lists the keys under the prefix (SCAN, then STRLEN of each, pipelined) as sorted file slices.
+// Throws Error; `c->err` is set when the connection itself failed (then the listing may be retried).
+std::vector<Slice> list_slices(redisContext* c, const RedisAddress& a) {
+  const std::vector<std::string> keys = scan_keys(c, a, a.prefix);
   std::vector<Slice> slices;
   for (size_t first = 0; first < keys.size(); first += 1024) {
     const size_t last = std::min(keys.size(), first + 1024);
     for (size_t i = first; i < last; ++i) {
       const char* argv[2] = {"STRLEN", keys[i].data()};
       size_t lens[2] = {6, keys[i].size()};
-      redisAppendCommandArgv(c.get(), 2, argv, lens);
+      redisAppendCommandArgv(c, 2, argv, lens);
     }
     for (size_t i = first; i < last; ++i) {
       void* raw = nullptr;
-      if (redisGetReply(c.get(), &raw) != REDIS_OK || !raw)
-        fail(ErrorCode::kIO, "'" + uri + "': Redis STRLEN failed: " + (c->err ? c->errstr : "no reply"));
+      if (redisGetReply(c, &raw) != REDIS_OK || !raw)
+        fail(ErrorCode::kIO, "'" + a.uri + "': Redis STRLEN failed: " + (c->err ? c->errstr : "no reply"));
       Reply r(static_cast<redisReply*>(raw));
       uint64_t off;
       if (r->type != REDIS_REPLY_INTEGER || !key_offset(keys[i], off)) continue;
       if (r->integer > 0) slices.push_back({off, static_cast<uint64_t>(r->integer), keys[i]});
     }
   }
-  if (slices.empty()) fail(ErrorCode::kNotFound, "'" + uri + "': no keys under the prefix '" + s->addr.prefix + ":'");
-  std::sort(slices.begin(), slices.end(), [](const Slice& a, const Slice& b) { return a.offset < b.offset; });
+  if (slices.empty()) fail(ErrorCode::kNotFound, "'" + a.uri + "': no keys under the prefix '" + a.prefix + ":'");
+  std::sort(slices.begin(), slices.end(), [](const Slice& x, const Slice& y) { return x.offset < y.offset; });
   for (size_t i = 1; i < slices.size(); ++i)
     if (slices[i].offset < slices[i - 1].offset + slices[i - 1].length)
-      fail(ErrorCode::kFormat, "'" + uri + "': keys '" + slices[i - 1].key + "' and '" + slices[i].key +
+      fail(ErrorCode::kFormat, "'" + a.uri + "': keys '" + slices[i - 1].key + "' and '" + slices[i].key +
                                    "' overlap (" + std::to_string(slices[i - 1].length) + " bytes at " +
                                    std::to_string(slices[i - 1].offset) + ")");
-  s->size = slices.back().offset + slices.back().length + kEndMarker;
-  s->slices = std::move(slices);
-  s->idle.push_back(std::move(c));
+  return slices;
+}
+
+}  // namespace
+
+std::unique_ptr<Source> open_redis_source(const std::string& uri, const TransportOptions& options) {
+  auto s = std::make_shared<Shared>();
+  s->addr = parse_redis_uri(uri);
+  s->options = options;
+  // Connecting and listing are retried as reads are: a failed connection or one lost part-way
+  // starts the listing again on a new connection, with backoff, until max_retries or stall_timeout_s.
+  int failures = 0;
+  const double since = net::now_seconds();
+  for (;;) {
+    Context c;
+    try {
+      c = connect(s->addr, options);
+      s->slices = list_slices(c.get(), s->addr);
+      s->idle.push_back(std::move(c));
+      break;
+    } catch (const Error& e) {
+      if (c && !c->err) throw;  // an error reply or a bad layout, not a lost connection
+      ++failures;
+      const double idle = net::now_seconds() - since;
+      if (failures > options.max_retries || (options.stall_timeout_s > 0 && idle >= options.stall_timeout_s))
+        fail(ErrorCode::kIO, "listing the keys of '" + uri + "' gave up after " + std::to_string(failures) +
+                                 " failed attempts (last: " + e.what() + ")");
+      double delay = net::backoff_delay(failures, options.retry_delay_s, -1);
+      if (options.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, options.stall_timeout_s - idle));
+      net::sleep_for_seconds(delay);
+    }
+  }
+  s->size = s->slices.back().offset + s->slices.back().length + kEndMarker;
   return std::make_unique<RedisSource>(std::move(s));
 }
 

@@ -1,7 +1,8 @@
 // Resilience of the remote transports, through our fault-injecting proxy (tests/tools/
 // fault_proxy.py) in front of the real servers: connections dropped at random offsets 20 times,
 // resets, stalls and 503 bursts during one load still give bit-exact tensors; a server that is
-// gone gives an error within the configured timeout naming the URI and the offset.
+// gone gives an error within the configured timeout naming the URI and the offset; Redis key
+// listing at open is retried the same way.
 #include <chrono>
 #include <thread>
 
@@ -112,6 +113,38 @@ TEST(TransportFaultTest, RedisLoadSurvivesTwentyDrops) {
   test::FaultProxy proxy(test::host_port(url), "drop:2000-600000x40", 11);
   test::expect_model("redis://" + proxy.address() + "/" + prefix, fast_retries(), model);
   EXPECT_GE(proxy.faulted("drop"), 20) << proxy.log_text();
+}
+
+TEST(TransportFaultTest, RedisKeyListingIsRetried) {
+  TZ_SERVER_ENV(url, "TZ_TEST_REDIS_URL");
+  test::Model model = test::make_model(1 << 20);
+  const std::string prefix = test::unique_name("listing");
+  {
+    auto w = Writer::open(url + "/" + prefix);
+    w->write(model.requests);
+    w->close();
+  }
+  {  // connections closed or reset part-way through the listing, and refused, then fine
+    test::FaultProxy proxy(test::host_port(url), "drop:20,drop:200,refuse,reset:30");
+    test::expect_model("redis://" + proxy.address() + "/" + prefix, fast_retries(), model);
+    EXPECT_EQ(proxy.faulted(), 4) << proxy.log_text();
+  }
+  {  // never answers: the error names the URI and the last failure
+    test::FaultProxy proxy(test::host_port(url), "drop:20x100");
+    const std::string uri = "redis://" + proxy.address() + "/" + prefix;
+    TransportOptions t = fast_retries();
+    t.max_retries = 3;
+    try {
+      open_source(uri, t);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::kIO) << what;
+      EXPECT_NE(what.find(uri), std::string::npos) << what;
+      EXPECT_NE(what.find("4 failed attempts"), std::string::npos) << what;
+      EXPECT_NE(what.find("SCAN"), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(TransportFaultTest, ServerWithoutRangesIsReadInOnePass) {

@@ -1,11 +1,15 @@
 // HTTP(S) transport against a real nginx (scripts/with-servers.sh): every fixture loads bit-exact
 // over http:// and https:// (CA file, CA dir, untrusted allowed) with 1 and 4 workers; a server
 // without range support works with one reader; 404 is kNotFound; an untrusted certificate and an
-// object replaced during a load are clear errors; reads land exactly in scatter slices.
+// object replaced during a load are clear errors; reads land exactly in scatter slices; the ranged
+// GET size follows TransportOptions::read_bytes / TENSORIZER_READ_MIB; errors hide URL secrets.
 #include <sys/stat.h>
 #include <utime.h>
 
+#include <atomic>
+
 #include "remote_test_util.h"
+#include "transport/curl_util.h"
 
 namespace tensorizer {
 namespace {
@@ -122,6 +126,108 @@ TEST(TransportHttpTest, ObjectReplacedDuringALoadIsAnError) {
     EXPECT_NE(std::string(e.what()).find("399000"), std::string::npos) << e.what();
   }
   ::unlink(path.c_str());
+}
+
+// A Source that forwards to another and records the largest single read.
+class RecordingSource final : public Source {
+ public:
+  explicit RecordingSource(std::unique_ptr<Source> inner) : inner_(std::move(inner)) {}
+  uint64_t size() override { return inner_->size(); }
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    uint64_t n = 0;
+    for (size_t i = 0; i < count; ++i) n += slices[i].size;
+    uint64_t seen = largest_.load();
+    while (n > seen && !largest_.compare_exchange_weak(seen, n)) {
+    }
+    inner_->read_scatter(offset, slices, count);
+  }
+  std::unique_ptr<Source> clone() override { return inner_->clone(); }  // workers > 1 not recorded
+  const std::string& uri() const override { return inner_->uri(); }
+  uint64_t bytes_read() const override { return inner_->bytes_read(); }
+  uint64_t preferred_read_bytes() const override { return inner_->preferred_read_bytes(); }
+  uint64_t largest() const { return largest_.load(); }
+
+ private:
+  std::unique_ptr<Source> inner_;
+  std::atomic<uint64_t> largest_{0};
+};
+
+// Loads `uri` with one worker, no hash check (so tensors may be split), through a RecordingSource;
+// returns the largest read the engine asked for.
+uint64_t largest_read(const std::string& uri, const TransportOptions& t, const test::Model& m) {
+  auto rec = std::make_unique<RecordingSource>(open_source(uri, t));
+  RecordingSource* r = rec.get();
+  auto reader = Reader::open(std::move(rec));
+  LoadOptions lo;
+  lo.num_workers = 1;
+  auto buffers = test::load_entries(*reader, lo);
+  for (size_t i = 0; i < m.data.size(); ++i) EXPECT_TRUE(buffers[i] == m.data[i]) << "tensor " << i;
+  return r->largest();
+}
+
+TEST(TransportHttpTest, ReadSizeComesFromTheOptionOrTensorizerReadMib) {
+  TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
+  TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
+  const test::Model m = test::make_model(40 << 20);
+  const std::string name = test::unique_name("readsize") + ".tensors";
+  auto w = Writer::open(root + "/" + name);
+  w->write(m.requests);
+  w->close();
+  const std::string uri = url + "/" + name;
+  test::ScopedEnv env;
+  env.set("TENSORIZER_READ_MIB", std::nullopt);
+  EXPECT_EQ(open_source(uri)->preferred_read_bytes(), 0u);
+  const uint64_t slack = 64 << 10;  // an item may also take a small neighbour
+  const uint64_t by_default = largest_read(uri, {}, m);  // the engine's 16 MiB items
+  EXPECT_GE(by_default, 16u << 20);
+  EXPECT_LE(by_default, (16u << 20) + slack);
+  TransportOptions two_mib;
+  two_mib.read_bytes = 2 << 20;
+  const uint64_t small = 2 << 20;
+  EXPECT_LE(largest_read(uri, two_mib, m), small + slack);
+  env.set("TENSORIZER_READ_MIB", "64");
+  EXPECT_EQ(open_source(uri)->preferred_read_bytes(), 64u << 20);
+  EXPECT_GT(largest_read(uri, {}, m), 16u << 20);  // the 40 MiB tensor in one read
+  EXPECT_LE(largest_read(uri, two_mib, m), small + slack);  // the option wins over the variable
+  for (const char* bad : {"0", "-1", "12x", "99999999999"}) {
+    env.set("TENSORIZER_READ_MIB", bad);
+    try {
+      open_source(uri);
+      FAIL() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("TENSORIZER_READ_MIB"), std::string::npos) << e.what();
+    }
+  }
+  ::unlink((root + "/" + name).c_str());
+}
+
+TEST(TransportHttpTest, RedactUrlHidesUserInfoAndSecretParameters) {
+  EXPECT_EQ(net::redact_url("https://user:pw@h:1/a/b?x=1#f"), "https://***@h:1/a/b?x=1#f");
+  EXPECT_EQ(net::redact_url("https://tok@h/a"), "https://***@h/a");
+  EXPECT_EQ(net::redact_url("http://h/a@b"), "http://h/a@b");
+  EXPECT_EQ(net::redact_url("http://h/k?X-Amz-Credential=AKIA%2F1&X-Amz-Date=20250101&X-Amz-Signature=ab12"
+                            "&X-Amz-Security-Token=zz&part=2"),
+            "http://h/k?X-Amz-Credential=***&X-Amz-Date=20250101&X-Amz-Signature=***&X-Amz-Security-Token=***"
+            "&part=2");
+  EXPECT_EQ(net::redact_url("http://h/k?flag&token=x"), "http://h/k?flag&token=***");
+}
+
+TEST(TransportHttpTest, ErrorsNeverShowUrlCredentials) {
+  TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
+  std::string with_secrets = url;
+  with_secrets.insert(with_secrets.find("://") + 3, "alice:hunter2@");
+  with_secrets += "/fixtures/missing.tensors?X-Amz-Signature=deadbeef&X-Amz-Security-Token=s3cr3t";
+  try {
+    Reader::open(with_secrets);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound) << what;
+    EXPECT_NE(what.find("missing.tensors"), std::string::npos) << what;
+    for (const char* secret : {"alice", "hunter2", "deadbeef", "s3cr3t"})
+      EXPECT_EQ(what.find(secret), std::string::npos) << secret << " in: " << what;
+  }
 }
 
 TEST(TransportHttpTest, HttpIsReadOnly) {

@@ -53,10 +53,8 @@ def expect_manifest(deserializer, name):
 
 
 def s3_open_kwargs():
-    endpoint, = server_env("TZ_TEST_S3_ENDPOINT")
-    return dict(
-        s3_access_key_id="testing", s3_secret_access_key="testing", s3_endpoint=endpoint, force_http=True
-    )
+    (endpoint,) = server_env("TZ_TEST_S3_ENDPOINT")
+    return dict(s3_access_key_id="testing", s3_secret_access_key="testing", s3_endpoint=endpoint, force_http=True)
 
 
 @pytest.mark.parametrize("name", PLAIN)
@@ -71,9 +69,7 @@ def test_deserializer_over_http(name, num_readers, lazy):
 @pytest.mark.parametrize("num_readers", [1, 4])
 def test_deserializer_over_https_with_ca_file(num_readers):
     url, ca = server_env("TZ_TEST_HTTPS_URL", "TZ_TEST_CA_FILE")
-    stream = stream_io.open_stream(
-        f"{url}/fixtures/dtypes.tensors", certificate_handling=stream_io.CAInfo(cacert=ca)
-    )
+    stream = stream_io.open_stream(f"{url}/fixtures/dtypes.tensors", certificate_handling=stream_io.CAInfo(cacert=ca))
     with TensorDeserializer(stream, device="cpu", num_readers=num_readers) as d:
         expect_manifest(d, "dtypes.tensors")
 
@@ -175,3 +171,107 @@ def test_serializer_straight_to_redis():
     s.close()
     with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
         expect_state_dict(d, sd)
+
+
+def chunked_source(tmp_path, monkeypatch):
+    """A lazy deserializer over a file whose "big" tensor spans several to_redis pieces (1 MiB)."""
+    from tensorizer import serialization
+
+    monkeypatch.setattr(serialization, "REDIS_CHUNK_BYTES", 1 << 20)
+    g = torch.Generator().manual_seed(11)
+    sd = {
+        "big": torch.randint(0, 255, ((5 << 20) + 123,), dtype=torch.uint8, generator=g),  # 6 pieces
+        "small": torch.arange(10, dtype=torch.float32),
+    }
+    path = tmp_path / "chunked.tensors"
+    s = TensorSerializer(str(path))
+    s.write_state_dict(sd)
+    s.close()
+    return sd, path, TensorDeserializer(str(path), device="cpu", lazy_load=True)
+
+
+def entry_of(d, name):
+    (r,) = [r for p, r in d._records.items() if p.normalize_() == name]
+    return r.entry
+
+
+def test_to_redis_streams_a_large_tensor_in_bounded_pieces(tmp_path, monkeypatch):
+    import tracemalloc
+
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    client = redis_client(url)
+    prefix = f"py-{uuid.uuid4().hex}"
+    sd, path, src = chunked_source(tmp_path, monkeypatch)
+    with src:
+        e = entry_of(src, "big")
+        tracemalloc.start()
+        try:
+            src.to_redis(client, prefix)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    # One 1 MiB piece at a time, never the 5 MiB tensor (nor two copies of it).
+    assert peak < (3 << 20), peak
+    raw = path.read_bytes()
+    data_key = f"{prefix}:big:{e.data_offset}"
+    assert client.get(data_key) == raw[e.data_offset : e.data_offset + e.data_length]
+    assert client.ttl(data_key) == -1  # the temporary key's expiry does not survive the rename
+    assert list(client.scan_iter(match=f"{prefix}.tz-staging-*")) == []
+    for num_readers in (1, 4):
+        with TensorDeserializer(f"{url}/{prefix}", device="cpu", num_readers=num_readers) as d:
+            expect_state_dict(d, sd)
+
+
+def test_to_redis_without_force_keeps_existing_keys(tmp_path, monkeypatch):
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    client = redis_client(url)
+    prefix = f"py-{uuid.uuid4().hex}"
+    sd, path, src = chunked_source(tmp_path, monkeypatch)
+    raw = path.read_bytes()
+    with src:
+        e = entry_of(src, "big")
+        header_key, data_key = f"{prefix}:big:{e.offset}", f"{prefix}:big:{e.data_offset}"
+        client.set(header_key, b"existing header")
+        client.set(data_key, b"existing data")
+        src.to_redis(client, prefix)
+        assert client.get(header_key) == b"existing header"
+        assert client.get(data_key) == b"existing data"
+        s = entry_of(src, "small")
+        assert client.get(f"{prefix}:small:{s.data_offset}") == raw[s.data_offset : s.data_offset + s.data_length]
+        src.to_redis(client, prefix, force=True)
+    assert client.get(header_key) == raw[e.offset : e.data_offset]
+    assert client.get(data_key) == raw[e.data_offset : e.data_offset + e.data_length]
+    with TensorDeserializer(f"{url}/{prefix}", device="cpu") as d:
+        expect_state_dict(d, sd)
+
+
+class FailingReader:
+    """The deserializer's engine reader, but read_raw fails on its `fail_at`-th call."""
+
+    def __init__(self, inner, fail_at):
+        self._inner, self._left = inner, fail_at
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def read_raw(self, offset, size):
+        self._left -= 1
+        if self._left == 0:
+            raise OSError(f"injected read failure at byte {offset}")
+        return self._inner.read_raw(offset, size)
+
+
+def test_to_redis_failure_leaves_no_partial_or_temporary_key(tmp_path, monkeypatch):
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    client = redis_client(url)
+    prefix = f"py-{uuid.uuid4().hex}"
+    _, _, src = chunked_source(tmp_path, monkeypatch)
+    with src:
+        e = entry_of(src, "big")
+        # Reads: header:0, then "big" data pieces 1, 2, 3 (the third fails mid-value).
+        monkeypatch.setattr(src, "_reader", FailingReader(src._reader, fail_at=4))
+        with pytest.raises(OSError, match="injected read failure"):
+            src.to_redis(client, prefix)
+    assert client.exists(f"{prefix}:big:{e.data_offset}") == 0
+    assert client.exists(f"{prefix}:big:{e.offset}") == 0  # header written only after the data
+    assert list(client.scan_iter(match=f"{prefix}.tz-staging-*")) == []
