@@ -219,7 +219,9 @@ def _notes(run):
         f"commit {m['commit']}; load average {m['loadavg_start'][0]:.2f} at start, "
         f"{m['loadavg_end'][0]:.2f} at end.\n\n"
         f"Test set: {run['size_gb']} GB of bf16/fp16 transformer-shaped tensors; each row a fresh process, "
-        f"{run['warmup']} warm-up + {run['reps']} timed repetitions. Load times include one checksum pass "
+        f"{run['warmup']} warm-up + {run['reps']} timed repetitions. Before the loads every file is dropped "
+        "from the page cache and read back once with `cat`, so all start from the same page-cache state "
+        "(the folios readahead makes, as after a download or a first read). Load times include one checksum pass "
         'over every byte of the result (so lazy mappings pay for their page faults); "touch s" is that '
         "pass on already-resident memory, to subtract if wanted. Peak RSS of a load is the process's "
         "high-water mark during its first load (the warm-up) less its size just before it (of a save: the process's "
