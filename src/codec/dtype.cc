@@ -61,7 +61,8 @@ const TorchDType* find_torch(std::string_view name) {
 std::string DType::torch_name() const {
   if (opaque()) return torch;
   if (byte_order == '>') return "";
-  std::string key = std::string(1, kind) + std::to_string(itemsize);
+  std::string key(1, kind);
+  key += std::to_string(itemsize);
   for (const auto& t : kTorchDTypes) {
     if (t.numpy && key == std::string_view(t.numpy).substr(1)) return std::string("torch.") + t.name;
   }

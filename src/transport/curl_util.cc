@@ -235,18 +235,18 @@ std::string redact_url(const std::string& url) {
   size_t q = out.find('?');
   if (q == std::string::npos) return out;
   const size_t end = std::min(out.find('#', q), out.size());
-  std::string query, sep;
-  size_t pos = q + 1;
-  while (pos <= end) {
-    size_t amp = std::min(out.find('&', pos), end);
+  std::string redacted = out.substr(0, q + 1);
+  for (size_t pos = q + 1; pos <= end;) {
+    const size_t amp = std::min(out.find('&', pos), end);
     std::string param = out.substr(pos, amp - pos);
     const size_t eq = param.find('=');
-    if (eq != std::string::npos && secret_parameter(param.substr(0, eq))) param = param.substr(0, eq + 1) + "***";
-    query += sep + param;
-    sep = "&";
+    if (eq != std::string::npos && secret_parameter(param.substr(0, eq))) param.replace(eq + 1, std::string::npos, "***");
+    if (pos > q + 1) redacted += '&';
+    redacted += param;
     pos = amp + 1;
   }
-  return out.substr(0, q + 1) + query + out.substr(end);
+  redacted += out.substr(end);
+  return redacted;
 }
 
 }  // namespace tensorizer::net

@@ -131,7 +131,9 @@ class FileSink final : public Sink {
     }
     std::random_device rd;
     for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
-      temp_ = (dir / ("." + target.filename().string() + ".tmp-" + std::to_string(rd()))).string();
+      std::string name = ".";
+      name.append(target.filename().string()).append(".tmp-").append(std::to_string(rd()));
+      temp_ = (dir / name).string();
       fd_ = ::open(temp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd_ < 0 && errno != EEXIST) fail_errno("cannot create temporary file for", path_, errno);
     }
