@@ -46,6 +46,8 @@ class Source {
   virtual uint64_t preferred_read_bytes() const { return 0; }
   // The descriptor of a local regular file behind this source (for memory mapping), else -1.
   virtual int local_fd() const { return -1; }
+  // HTTP(S): the X-Cache-Status header of the first response (a caching proxy's HIT/MISS); else none.
+  virtual std::optional<std::string> cache_status() const { return std::nullopt; }
 
   void read_at(uint64_t offset, void* dst, size_t size) {
     IoSlice s{dst, size};

@@ -226,7 +226,8 @@ void register_reader(nb::module_& m) {
       .def_prop_ro("tensor_count", [](PyReader& r) { return r.get().header().tensor_count; })
       .def_prop_ro("index_size", [](PyReader& r) { return r.get().header().index_size; })
       .def_prop_ro("encrypted", [](PyReader& r) { return r.get().encrypted(); })
-      .def_prop_ro("bytes_read", [](PyReader& r) { return r.get().bytes_read(); });
+      .def_prop_ro("bytes_read", [](PyReader& r) { return r.get().bytes_read(); })
+      .def_prop_ro("cache_status", [](PyReader& r) { return r.get().source().cache_status(); });
 }
 
 }  // namespace tzpy

@@ -251,6 +251,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
     ):
         del plaid_mode, plaid_mode_buffers  # accepted for compatibility; no effect
         self._reader = None
+        self._cache_status = None
         self._file = None  # a caller's file object, closed with the source (as the reference does)
         self._lock = threading.RLock()
         self._cache: Dict[TensorPath, torch.nn.Parameter] = {}
@@ -290,6 +291,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self._encrypted = encryption is not None
 
         self._reader = self._open(file_obj, key, passphrase)
+        self._cache_status = self._reader.cache_status  # the HTTP probe's answer; kept after close
         self._file_label = self._reader.uri
         reader = self._reader
         self._version = reader.version
@@ -703,7 +705,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     @property
     def cache_status(self) -> Optional[str]:
-        return None
+        """The X-Cache-Status header an HTTP(S) source's server sent (e.g. a caching proxy's HIT); else None."""
+        return self._cache_status
 
     def to_redis(self, redis_client, key_prefix: str, force: bool = False) -> None:
         """Copies the file into Redis keys the way tensorizer lays them out (spec §5.6).

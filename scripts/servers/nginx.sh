@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # nginx for the transport tests: serves DIR/www over HTTP, HTTPS (certificate signed by a CA the
-# script makes) and HTTP without range support (max_ranges 0), on free ports of 127.0.0.1.
+# script makes), HTTP without range support (max_ranges 0) and a caching proxy in front of the
+# HTTP server (X-Cache-Status: MISS, then HIT), on free ports of 127.0.0.1.
 #   nginx.sh start DIR   -> writes DIR/nginx.env (TZ_TEST_HTTP_URL, TZ_TEST_HTTPS_URL,
-#                           TZ_TEST_HTTP_NORANGE_URL, TZ_TEST_HTTP_ROOT, TZ_TEST_CA_FILE, TZ_TEST_CA_DIR)
+#                           TZ_TEST_HTTP_NORANGE_URL, TZ_TEST_HTTP_CACHE_URL, TZ_TEST_HTTP_ROOT,
+#                           TZ_TEST_CA_FILE, TZ_TEST_CA_DIR)
 #   nginx.sh stop DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,7 +31,7 @@ openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcrea
 cp "$d/ca.pem" "$d/ca-dir/ca.pem"
 openssl rehash "$d/ca-dir" 2>/dev/null || c_rehash "$d/ca-dir" >/dev/null
 
-http_port=$(free_port); https_port=$(free_port); norange_port=$(free_port)
+http_port=$(free_port); https_port=$(free_port); norange_port=$(free_port); cache_port=$(free_port)
 user_line=""
 [ "$(id -u)" -eq 0 ] && user_line="user root;"
 cat > "$d/nginx.conf" <<CONF
@@ -59,11 +61,21 @@ http {
     root $dir/www;
   }
   server { listen 127.0.0.1:$norange_port; root $dir/www; max_ranges 0; }
+  proxy_cache_path $d/cache levels=1 keys_zone=tz_cache:1m max_size=4g;
+  server {
+    listen 127.0.0.1:$cache_port;
+    location / {
+      proxy_pass http://127.0.0.1:$http_port;
+      proxy_cache tz_cache;
+      proxy_cache_valid 200 206 10m;
+      add_header X-Cache-Status \$upstream_cache_status always;
+    }
+  }
 }
 CONF
 nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log" > "$d/stdout.log" 2>&1 &
 pid=$!
-for port in $http_port $https_port $norange_port; do
+for port in $http_port $https_port $norange_port $cache_port; do
   wait_port "$port" 20 "$pid" || { cat "$d/error.log" "$d/stdout.log" >&2 || true; exit 1; }
 done
 echo "$pid" > "$d/nginx.pid"
@@ -71,6 +83,7 @@ cat > "$dir/nginx.env" <<ENV
 export TZ_TEST_HTTP_URL=http://127.0.0.1:$http_port
 export TZ_TEST_HTTPS_URL=https://127.0.0.1:$https_port
 export TZ_TEST_HTTP_NORANGE_URL=http://127.0.0.1:$norange_port
+export TZ_TEST_HTTP_CACHE_URL=http://127.0.0.1:$cache_port
 export TZ_TEST_HTTP_ROOT=$dir/www
 export TZ_TEST_CA_FILE=$d/ca.pem
 export TZ_TEST_CA_DIR=$d/ca-dir

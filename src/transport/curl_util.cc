@@ -125,6 +125,8 @@ void ResponseMeta::feed(const char* data, size_t size) {
     etag = v;
   } else if (iequals_prefix(line, "Last-Modified", &v)) {
     last_modified = v;
+  } else if (iequals_prefix(line, "X-Cache-Status", &v)) {
+    cache_status = v;
   } else if (iequals_prefix(line, "Accept-Ranges", &v)) {
     accept_ranges = v;
   } else if (iequals_prefix(line, "Retry-After", &v)) {

@@ -72,6 +72,7 @@ struct ResponseMeta {
   std::string etag;
   std::string last_modified;
   std::string accept_ranges;
+  std::optional<std::string> cache_status;  // X-Cache-Status
   double retry_after_s = -1;
   bool complete = false;  // the blank line after the headers was seen
 

@@ -52,6 +52,7 @@ struct Shared {
   uint64_t size = 0;
   bool ranges = true;
   std::string etag, last_modified;
+  std::optional<std::string> cache_status;  // of the first response
   std::atomic<uint64_t> bytes_read{0};
   std::mutex stream_mu;                  // serialises reads through the cursor
   std::unique_ptr<StreamCursor> cursor;  // for servers that ignore Range
@@ -402,6 +403,10 @@ class HttpSource final : public Source {
     return s_->ranges ? 8 : 1;
   }
   uint64_t preferred_read_bytes() const override { return s_->options.read_bytes; }
+  std::optional<std::string> cache_status() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->cache_status;
+  }
 
  private:
   // First contact: `Range: bytes=0-0` gives the size (Content-Range total, or the whole body's
@@ -538,6 +543,7 @@ class HttpSource final : public Source {
     if (m.status == 200 && m.accept_ranges == "bytes") s_->ranges = true;  // full body, yet ranges work
     s_->etag = m.etag;
     s_->last_modified = m.last_modified;
+    s_->cache_status = m.cache_status;
     s_->probed = true;
     return true;
   }

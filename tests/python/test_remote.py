@@ -88,6 +88,27 @@ def test_http_404():
     assert "404" in str(err.value)
 
 
+def test_cache_status_from_a_caching_proxy():
+    """cache_status is the X-Cache-Status a caching proxy (nginx proxy_cache) sent: MISS, then HIT."""
+    url, root = server_env("TZ_TEST_HTTP_CACHE_URL", "TZ_TEST_HTTP_ROOT")
+    name = PLAIN[0]
+    fresh = f"cache-{uuid.uuid4().hex}.tensors"  # never requested before: the proxy's cache is cold
+    with open(os.path.join(root, fresh), "wb") as f:
+        f.write((FIXTURES / name).read_bytes())
+    try:
+        with TensorDeserializer(f"{url}/{fresh}", device="cpu") as d:
+            assert d.cache_status == "MISS"
+            expect_manifest(d, name)
+        with TensorDeserializer(f"{url}/{fresh}", device="cpu") as d:
+            assert d.cache_status == "HIT"
+            expect_manifest(d, name)
+        assert d.cache_status == "HIT"  # still answered after close
+        with TensorDeserializer(str(FIXTURES / name), device="cpu") as d:
+            assert d.cache_status is None  # not an HTTP source
+    finally:
+        os.unlink(os.path.join(root, fresh))
+
+
 @pytest.mark.parametrize("name", PLAIN)
 @pytest.mark.parametrize("num_readers", [1, 4])
 @pytest.mark.parametrize("lazy", [False, True])
