@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a command with the transport-test servers up, and always stops them afterwards:
 #   scripts/with-servers.sh COMMAND [ARGS...]
-# Starts nginx (HTTP, HTTPS, HTTP without ranges), two moto S3 servers and redis-server on free
+# Starts nginx (HTTP, HTTPS, HTTP without ranges, a caching proxy), two moto S3 servers and redis-server on free
 # ports of 127.0.0.1, in a temporary directory, with every fixture served by each; exports their
 # URLs and credentials (TZ_TEST_* variables, see scripts/servers/*.sh) plus TZ_TEST_FAULT_PROXY
 # (our fault-injecting proxy) and TZ_REQUIRE_SERVERS=1, so tests fail rather than skip.

@@ -373,3 +373,31 @@ def test_path_like_and_bytes_paths(tmp_path):
             assert torch.equal(d["a"], torch.ones(1))
     finally:
         os.close(fd)
+
+
+def test_loads_leave_the_garbage_collector_as_they_found_it(tmp_path):
+    """Loads pause Python's cyclic GC while they make objects; afterwards it is in its old state,
+    also when a load fails."""
+    import gc
+
+    write_sd(tmp_path / "f.tensors", {f"t{i}": torch.full((3,), float(i)) for i in range(50)})
+    for was_enabled in (True, False):
+        (gc.enable if was_enabled else gc.disable)()
+        try:
+            seen = []  # the collector's state while the deserializer indexes (filter_func runs then)
+            for lazy in (False, True):
+                keep = lambda name: seen.append(gc.isenabled()) or True  # noqa: E731
+                with TensorDeserializer(tmp_path / "f.tensors", lazy_load=lazy, filter_func=keep) as d:
+                    assert gc.isenabled() == was_enabled
+                    assert [d[f"t{i}"][0].item() for i in range(50)] == [float(i) for i in range(50)]
+                    assert gc.isenabled() == was_enabled
+            assert seen and not any(seen), "paused while loading"
+            with pytest.raises(ValueError):
+                TensorDeserializer(tmp_path / "f.tensors", filter_func=lambda name: _raise())
+            assert gc.isenabled() == was_enabled
+        finally:
+            gc.enable()
+
+
+def _raise():
+    raise ValueError("filter failed")
