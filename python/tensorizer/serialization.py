@@ -995,6 +995,14 @@ class TensorSerializer:
             remove_tensors: afterwards, set each written attribute to None.
             include_non_persistent_buffers: False matches ``state_dict()`` (persistent only).
         """
+        with _gc_paused():
+            written = self._write_module(m, include_non_persistent_buffers)
+        if remove_tensors:
+            for module, name in written:
+                setattr(module, name, None)
+
+    def _write_module(self, m: torch.nn.Module, include_non_persistent_buffers: bool):
+        """Writes the tensors of write_module; returns the (module, attribute) pairs written."""
         requests: List[_Request] = []
         written: List[Tuple[torch.nn.Module, str]] = []
         for idx, (module_name, module) in enumerate(m.named_modules()):
@@ -1008,17 +1016,16 @@ class TensorSerializer:
                 requests.append(_tensor_request(f"{module_name}.{name}", TensorType.BUFFER, idx, tensor))
                 written.append((module, name))
         self._write(requests)
-        if remove_tensors:
-            for module, name in written:
-                setattr(module, name, None)
+        return written
 
     def write_state_dict(self, state_dict: Union[Dict, List, Tuple]) -> None:
         """Writes a (possibly nested) dict/list of tensors; keys become paths (spec §2.2)."""
-        requests = [
-            _tensor_request(path.normalize_() if path.is_str_ else tuple(path), TensorType.STATE_DICT, 0, tensor)
-            for path, tensor in _tensor_path.flatten_structure(torch.Tensor, state_dict)
-        ]
-        self._write(requests)
+        with _gc_paused():
+            requests = [
+                _tensor_request(path.normalize_() if path.is_str_ else tuple(path), TensorType.STATE_DICT, 0, tensor)
+                for path, tensor in _tensor_path.flatten_structure(torch.Tensor, state_dict)
+            ]
+            self._write(requests)
 
     def close(self) -> None:
         """Finishes the file: publishes it at its path (or uploads it), closes a file object."""

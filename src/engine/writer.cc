@@ -26,6 +26,8 @@ constexpr uint64_t kHashPieceBytes = 1ull << 20;
 // folios, which a later mapping of the file (mmap=True, safetensors-style readers) maps with one
 // page-table entry each instead of 512 (60x less time to map a freshly written file here).
 constexpr uint64_t kWriteAlignBytes = 2ull << 20;
+// A worker that finds the file busy keeps hashing; past this many unwritten bytes it waits.
+constexpr uint64_t kMaxDeferredBytes = 8ull << 20;
 constexpr uint64_t kLongDim = uint64_t{1} << 32;
 constexpr uint64_t kSealTaskChunks = 4;  // encrypted writes: 2 MiB chunks per task (8 MiB)
 
@@ -243,6 +245,7 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
   std::atomic<size_t> next{0};
   std::atomic<bool> cancelled{false};
   std::mutex mu;
+  std::mutex file_mu;  // held while a worker writes to the sink
   std::exception_ptr error;
   // Largest tensors first: the last tensors the workers take are then small, so no worker is left
   // hashing a large tensor (SHA-256 is sequential) while the others idle.
@@ -264,22 +267,27 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
         std::unique_ptr<TensorHasher> hasher;
         if (crc || sha) hasher = std::make_unique<TensorHasher>(crc, sha, h.bytes);
         // Hash pieces end at 1 MiB file offsets; writes gather them up to 2 MiB file boundaries.
+        // One worker writes at a time (the kernel's file lock would have the other spin): a
+        // worker that finds the file busy hashes on and writes the longer run later.
         const uint64_t base = p.entry.data_offset;
         uint64_t written = 0;
         for (uint64_t off = 0; off < len;) {
           const uint64_t n = std::min(kHashPieceBytes - (base + off) % kHashPieceBytes, len - off);
           if (hasher) hasher->update(data + off, n);
           off += n;
-          if (off == len || (base + off) % kWriteAlignBytes == 0) {
-            sink->write_at(base + written, data + written, off - written);
-            written = off;
-          }
+          if (off < len && (base + off) % kWriteAlignBytes != 0) continue;
+          std::unique_lock<std::mutex> lock(file_mu, std::defer_lock);
+          if (off < len && off - written < kMaxDeferredBytes && !lock.try_lock()) continue;
+          if (!lock.owns_lock()) lock.lock();
+          sink->write_at(base + written, data + written, off - written);
+          written = off;
         }
         if (hasher) {
           hasher->finish();
           if (crc) codec::store_le<uint32_t>(h.bytes.data() + h.crc32_offset, hasher->crc32());
           if (sha) std::memcpy(h.bytes.data() + h.sha256_offset, hasher->sha256().data(), 32);
         }
+        std::lock_guard<std::mutex> lock(file_mu);
         sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
       } catch (const Error& err) {
         record_write_error(mu, cancelled, error, p, *sink, err);
