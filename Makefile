@@ -40,7 +40,10 @@ test-python: build
 
 # The main job: save and load a real model (all-MiniLM-L6-v2) through the Python package and
 # check its embeddings, then a model-sized synthetic file through the C++ API; prints throughput.
-demo: build
+# Builds the CLI and the Python extension only, no tests.
+demo: deps
+	cmake -S . -B $(BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS) --target tensorizer_cli
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) bench/demo.py
 	$(BUILD)/tensorizer bench --size-mb $${DEMO_SIZE_MB:-1024}

@@ -16,7 +16,7 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-    HERE, "..", "..", "shared", "fixtures", "tensorizer-2.11.1")
+    HERE, "..", "tests", "fixtures", "tensorizer-2.11.1")
 OUT = os.path.join(HERE, "corpus")
 BUDGET = 3584
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 servers=$root/scripts/servers
-fixtures=${TZ_FIXTURES_DIR:-$root/../shared/fixtures/tensorizer-2.11.1}
+fixtures=${TZ_FIXTURES_DIR:-$root/tests/fixtures/tensorizer-2.11.1}
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
 [ -d "$fixtures" ] || { echo "with-servers: fixtures not found at $fixtures" >&2; exit 2; }
 

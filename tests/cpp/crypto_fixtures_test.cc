@@ -1,4 +1,4 @@
-// Decryption of the files the reference tensorizer 2.11.1 encrypted (../shared/fixtures): with
+// Decryption of the files the reference tensorizer 2.11.1 encrypted (tests/fixtures): with
 // their key or passphrase every tensor loads to the manifest's SHA-256 and verifies; every misuse
 // (no key, wrong key, wrong passphrase, passphrase for a key-only file, key for a plain file)
 // fails as kCrypto naming the file and, for per-tensor failures, the tensor.

@@ -1,4 +1,4 @@
-// Fixture tests: every file the reference tensorizer 2.11.1 wrote (../shared/fixtures) is listed
+// Fixture tests: every file the reference tensorizer 2.11.1 wrote (tests/fixtures) is listed
 // exactly as its manifest says, loads with the manifest's SHA-256 per tensor (unencrypted files),
 // and the CLI's `inspect --json` and `verify` agree.
 #include <gtest/gtest.h>

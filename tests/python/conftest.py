@@ -11,13 +11,13 @@ import pytest
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-FIXTURES_ROOT = (REPO / ".." / "shared" / "fixtures").resolve()
+FIXTURES_ROOT = REPO / "tests" / "fixtures"
 REF_PYTHON = REPO / ".venv-ref" / "bin" / "python"
 REF_TOOL = pathlib.Path(__file__).resolve().parent / "reference_tool.py"
 
 
 def fixture_sets():
-    """[(directory, manifest dict)] for every fixture set under ../shared/fixtures."""
+    """[(directory, manifest dict)] for every fixture set under tests/fixtures."""
     return [(m.parent, json.loads(m.read_text())) for m in sorted(FIXTURES_ROOT.glob("*/manifest.json"))]
 
 

@@ -1,4 +1,4 @@
-"""Every file in ../shared/fixtures (written by the reference) loads with exact bytes, names,
+"""Every file in tests/fixtures (written by the reference) loads with exact bytes, names,
 types and dtypes through each read API: the Mapping view, tree(), read_tensors,
 read_numpy_arrays and load_into_module."""
 
@@ -47,7 +47,7 @@ def lookup(mapping, name):
 
 
 def test_fixture_set_present():
-    assert FILES, "no fixtures found under ../shared/fixtures"
+    assert FILES, "no fixtures found under tests/fixtures"
 
 
 @pytest.mark.parametrize("path,info", FILES, ids=IDS)
