@@ -2,8 +2,9 @@
 //
 // For a local, unencrypted file, each selected tensor's data is mapped copy-on-write
 // (MAP_PRIVATE, so writing to a tensor never changes the file) and pre-faulted from the page cache
-// by N workers (MADV_POPULATE_READ): no bytes are copied and no fresh memory is zeroed. Each tensor
-// gets its own mapping, so tensors stay independent and are unmapped when their owner goes.
+// by N workers (MADV_POPULATE_READ): no bytes are copied and no fresh memory is zeroed. The tensors
+// of one call are views of one mapping of the whole file (so the kernel maps the page cache's large
+// folios 2 MiB at a time); dropping a tensor gives back its pages, the last one unmaps the file.
 //
 // Contract: the file must not be truncated or rewritten in place while a mapping is alive
 // (the kernel would raise SIGBUS on access); files written by this library are replaced by

@@ -87,6 +87,10 @@ class Reader {
   // returns the cached one when there is one. The reference (like loaded_info()'s pointer) stays
   // valid until the next load() of that tensor, which re-reads its header.
   const LoadedTensorInfo& read_header(size_t entry);
+  // Parses, checks against the index and caches a tensor's header whose bytes the caller read
+  // (e.g. inside a larger read); replaces any cached one. Throws Error naming tensor and URI.
+  // Not safe to call for the same entry from two threads; different entries are fine.
+  const LoadedTensorInfo& adopt_header(size_t entry, std::string header_bytes);
   // Header details of a tensor that has been loaded or had its header read (nullptr before).
   const LoadedTensorInfo* loaded_info(size_t entry) const;
   Source& source();

@@ -1,19 +1,23 @@
 // `_C.Reader`: a .tensors reader for Python. Opens a path/URI (any transport the engine knows) or
 // bytes (file-like objects without a usable file descriptor), lists the index, and loads tensors
-// into memory the caller allocated (torch tensors), with the GIL released for the whole load.
+// into memory the caller allocated (torch tensors) or the engine owns (load_host), with the GIL
+// released for the whole load.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <iterator>
 #include <memory>
+#include <utility>
 #include <mutex>
 
 #include "bindings.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
-#include "tensorizer/mapped_load.h"
+#include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
 
 namespace tzpy {
@@ -95,33 +99,35 @@ class PyReader {
     return out;
   }
 
-  // Whether entries[entry] can be loaded by memory mapping (local, unencrypted, aligned data).
-  bool can_map(size_t entry) {
-    Reader& r = get();
-    std::lock_guard<std::mutex> lock(mu_);
-    return tensorizer::can_map(r, entry);
-  }
-
-  // Maps entries[i] copy-on-write from the local file (no copy); returns, per tensor, a 1-D uint8
-  // torch tensor owning its mapping and the same header tuple as load().
-  nb::list map(const std::vector<size_t>& indices, int num_workers, bool verify_hash) {
+  // Loads entries[i] into memory the engine owns, by the route `route` asks for ("auto", "map",
+  // "direct", "copy"; see tensorizer/host_load.h); returns, per tensor, a 1-D uint8 torch tensor
+  // owning its bytes, the same header tuple as load(), and the route taken.
+  nb::list load_host(const std::vector<size_t>& indices, int num_workers, bool verify_hash,
+                     const std::string& route) {
+    static const std::pair<const char*, tensorizer::HostRoute> kRoutes[] = {
+        {"auto", tensorizer::HostRoute::kAuto}, {"map", tensorizer::HostRoute::kMap},
+        {"direct", tensorizer::HostRoute::kDirect}, {"copy", tensorizer::HostRoute::kCopy}};
+    const auto* found = std::find_if(std::begin(kRoutes), std::end(kRoutes),
+                                     [&](const auto& r) { return route == r.first; });
+    if (found == std::end(kRoutes))
+      throw nb::value_error(("route: expected auto, map, direct or copy, got '" + route + "'").c_str());
     Reader& r = get();
     tensorizer::LoadOptions opt;
     opt.num_workers = num_workers;
     opt.verify_hash = verify_hash;
-    std::vector<tensorizer::MappedTensor> maps;
+    std::vector<tensorizer::HostTensor> loaded;
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      maps = tensorizer::map_tensors(r, indices, opt);
+      loaded = tensorizer::load_to_host(r, indices, opt, found->second);
     }
     nb::list out;
-    for (auto& m : maps) {
-      const size_t n = r.entries()[m.entry].data_length;
-      auto* keep = new std::shared_ptr<void>(std::move(m.owner));
+    for (auto& t : loaded) {
+      auto* keep = new std::shared_ptr<void>(std::move(t.owner));
       nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
-      nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>> arr(m.data, {n}, owner);
-      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), info_tuple(*r.loaded_info(m.entry))));
+      nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>> arr(t.data, {t.size}, owner);
+      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), info_tuple(*r.loaded_info(t.entry)),
+                                tensorizer::to_string(t.via)));
     }
     return out;
   }
@@ -210,9 +216,8 @@ void register_reader(nb::module_& m) {
       .def("entries", &PyReader::entries)
       .def("load", &PyReader::load, nb::arg("indices"), nb::arg("addresses"),
            nb::arg("num_workers") = 0, nb::arg("verify_hash") = false)
-      .def("can_map", &PyReader::can_map, nb::arg("entry"))
-      .def("map", &PyReader::map, nb::arg("indices"), nb::arg("num_workers") = 0,
-           nb::arg("verify_hash") = false)
+      .def("load_host", &PyReader::load_host, nb::arg("indices"), nb::arg("num_workers") = 0,
+           nb::arg("verify_hash") = false, nb::arg("route") = "auto")
       .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))
       .def("header_info", &PyReader::header_info, nb::arg("entry"))
       .def("known_header_info", &PyReader::known_header_info, nb::arg("entry"))

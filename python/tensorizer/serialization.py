@@ -252,11 +252,16 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         num_readers: engine workers (None: one per usable core, or what the transport prefers).
         verify_hash: check CRC32/SHA-256 of every tensor loaded (HashMismatchError).
         encryption: DecryptionParams for encrypted files.
-        mmap: load large tensors of a local, unencrypted file by mapping them copy-on-write
-            from the page cache instead of copying them (zero-copy, pre-faulted in parallel;
-            writes to a tensor never reach the file). The file must not be truncated or
-            rewritten in place while such tensors live. None: the ``TENSORIZER_MMAP``
-            environment variable ("1" enables), else off. An extension of the reference API.
+        mmap: how CPU tensors are loaded (an extension of the reference API). None (the
+            default): the engine picks the fastest safe route per tensor: tensors of a local,
+            unencrypted file whose pages are in the page cache are mapped copy-on-write
+            (zero-copy; writes to a tensor stay private), tensors not in the page cache are read
+            with direct I/O into huge-page memory, everything else is copied into huge-page
+            memory. True: map every tensor that can be mapped. False: plain copies into memory
+            torch allocates. The ``TENSORIZER_MMAP`` environment variable ("1" or "0") sets
+            True or False when the argument is None. Mapped tensors stay valid when the file is
+            deleted or replaced by rename; truncating it in place while they live raises SIGBUS
+            on access (as with any file mapping, safetensors included).
     """
 
     def __init__(
@@ -297,8 +302,10 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self._verify_hash = bool(verify_hash)
         self._lazy_load = bool(lazy_load)
         if mmap is None:
-            mmap = os.environ.get("TENSORIZER_MMAP", "") == "1"
-        self._mmap = bool(mmap)
+            mmap = {"1": True, "0": False}.get(os.environ.get("TENSORIZER_MMAP", ""))
+        # The engine's host route ("auto", "map"), or None for plain copies into torch memory.
+        self._route: Optional[str] = {None: "auto", True: "map", False: None}[None if mmap is None else bool(mmap)]
+        self._loaded_via: Dict[TensorPath, str] = {}  # route each tensor took (tests, diagnostics)
 
         if num_readers is not None:
             if isinstance(num_readers, bool) or not isinstance(num_readers, int):
@@ -442,22 +449,26 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         if self._device_is_dynamic:
             self._device = _resolve_cuda_device()
         records = [self._records[p] for p in paths]
-        if self._mmap and self._device.type == "cpu":
-            paths, records = self._map_uncached(paths, records, verify_hash)
-        destinations = []
         for r in records:
-            torch_dtype = r.dtype.torch
-            if torch_dtype is None:
+            if r.dtype.torch is None:
                 raise ValueError(
                     f"Tensor {_tensor_path.display(r.entry.name)!r} in '{self._file_label}'"
                     f" has dtype {r.entry.dtype!r}, which names no torch dtype"
                 )
-            destinations.append(_dtypes.empty(r.entry.shape, torch_dtype))
         indices = [r.index for r in records]
-        addresses = [t.data_ptr() for t in destinations]
-        infos = self._reader.load(indices, addresses, self._num_readers, verify_hash)
+        if self._route is not None:
+            loaded = self._reader.load_host(indices, self._num_readers, verify_hash, self._route)
+            tensors = [raw.view(r.dtype.torch).view(r.entry.shape) for (raw, _, _), r in zip(loaded, records)]
+            infos = [info for _, info, _ in loaded]
+            for path, (_, _, via) in zip(paths, loaded):
+                self._loaded_via[path] = via
+        else:
+            tensors = [_dtypes.empty(r.entry.shape, r.dtype.torch) for r in records]
+            infos = self._reader.load(indices, [t.data_ptr() for t in tensors], self._num_readers, verify_hash)
+            for path in paths:
+                self._loaded_via[path] = "copied"
         device = self._device
-        for path, r, tensor, info in zip(paths, records, destinations, infos):
+        for path, r, tensor, info in zip(paths, records, tensors, infos):
             r.module_idx, hashes, r.hashable_header = info
             r.entry.hashes = _tensor_hashes(hashes)
             grad = _dtypes.requires_grad(tensor.dtype)
@@ -465,28 +476,6 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             if device.type != "cpu" or target is not None:
                 tensor = tensor.to(device=device, dtype=target)
             self._cache[path] = torch.nn.Parameter(tensor, requires_grad=grad)
-
-    def _map_uncached(self, paths: List[TensorPath], records: List["_Record"], verify_hash: bool):
-        """Maps what can be mapped (zero-copy); returns the paths and records left to copy."""
-        mappable = [
-            k
-            for k, r in enumerate(records)
-            if r.dtype.torch is not None
-            and self._cast_target(r.dtype.torch) is None
-            and self._reader.can_map(r.index)
-        ]
-        if not mappable:
-            return paths, records
-        mapped = self._reader.map([records[k].index for k in mappable], self._num_readers, verify_hash)
-        for k, (raw, info) in zip(mappable, mapped):
-            r = records[k]
-            r.module_idx, hashes, r.hashable_header = info
-            r.entry.hashes = _tensor_hashes(hashes)
-            tensor = raw.view(r.dtype.torch).view(r.entry.shape)
-            self._cache[paths[k]] = torch.nn.Parameter(tensor, requires_grad=_dtypes.requires_grad(tensor.dtype))
-        done = set(mappable)
-        rest = [k for k in range(len(records)) if k not in done]
-        return [paths[k] for k in rest], [records[k] for k in rest]
 
     # -- Mapping view ------------------------------------------------------------------------
 

@@ -151,10 +151,25 @@ const LoadedTensorInfo& Reader::read_header(size_t entry) {
     fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
   if (impl_->loaded[entry]) return *impl_->loaded[entry];  // cached: references stay valid
   const IndexEntry& e = impl_->entries[entry];
+  std::string bytes(e.header_size(), '\0');
+  try {
+    impl_->source->read_at(e.header_offset, bytes.data(), bytes.size());
+  } catch (const Error& err) {
+    rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "'");
+  }
+  return adopt_header(entry, std::move(bytes));
+}
+
+const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string header_bytes) {
+  if (entry >= impl_->entries.size())
+    fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
+  const IndexEntry& e = impl_->entries[entry];
   auto info = std::make_unique<LoadedTensorInfo>();
   try {
-    info->header_bytes.resize(e.header_size());
-    impl_->source->read_at(e.header_offset, info->header_bytes.data(), info->header_bytes.size());
+    if (header_bytes.size() != e.header_size())
+      fail(ErrorCode::kFormat, "header of " + std::to_string(header_bytes.size()) + " bytes, the index says " +
+                                   std::to_string(e.header_size()));
+    info->header_bytes = std::move(header_bytes);
     info->header = parse_tensor_header(reinterpret_cast<const uint8_t*>(info->header_bytes.data()),
                                        info->header_bytes.size(), impl_->header.has_crypt_info(),
                                        e.long_shape());

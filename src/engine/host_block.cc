@@ -1,0 +1,55 @@
+// Anonymous and file-backed host blocks, and views into them (see host_block.h).
+#include "engine/host_block.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "engine/huge_pages.h"
+#include "tensorizer/error.h"
+
+namespace tensorizer::engine {
+
+std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size) {
+  size_t rounded = (size + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  if (rounded == 0) rounded = kHugePageBytes;
+  const size_t padded = rounded + kHugePageBytes;
+  void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED)
+    fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) + " bytes of host memory: " +
+                             std::strerror(errno));
+  // Keep the 2 MiB-aligned middle, so every huge page of it can be a real one.
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (begin + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
+  if (aligned > begin) munmap(raw, aligned - begin);
+  const uintptr_t end = aligned + rounded;
+  if (begin + padded > end) munmap(reinterpret_cast<void*>(end), begin + padded - end);
+  auto* data = reinterpret_cast<uint8_t*>(aligned);
+  madvise(data, rounded, MADV_HUGEPAGE);  // best effort
+  return std::shared_ptr<HostBlock>(new HostBlock(data, rounded));
+}
+
+std::shared_ptr<HostBlock> HostBlock::file_private(int fd, size_t size, const std::string& what) {
+  // From offset 0, so the kernel places the mapping 2 MiB-congruent with the file.
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) fail(ErrorCode::kIO, "cannot map " + what + ": " + std::strerror(errno));
+  return std::shared_ptr<HostBlock>(new HostBlock(static_cast<uint8_t*>(p), size));
+}
+
+HostBlock::~HostBlock() { munmap(data_, size_); }
+
+std::shared_ptr<void> block_view(std::shared_ptr<HostBlock> block, uint8_t* data, size_t size) {
+  return std::shared_ptr<void>(data, [block = std::move(block), size](void* p) mutable {
+    if (block.use_count() > 1) {  // others still use the block: give back this range's pages now
+      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+      const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+      const uintptr_t first = (b + page - 1) / page * page, last = (b + size) / page * page;
+      if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    }
+    block.reset();
+  });
+}
+
+}  // namespace tensorizer::engine

@@ -1,0 +1,180 @@
+// Route choice and the direct and copy routes of host loads (see tensorizer/host_load.h).
+#include "tensorizer/host_load.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "engine/direct_io.h"
+#include "engine/host_block.h"
+#include "engine/verify_tensor.h"
+#include "engine/worker_pool.h"
+#include "tensorizer/error.h"
+#include "tensorizer/mapped_load.h"
+
+namespace tensorizer {
+namespace {
+
+using engine::HostBlock;
+
+constexpr uint64_t kAlignment = 64;               // where every result starts
+constexpr uint64_t kDirectPiece = 16ull << 20;    // one direct read
+constexpr uint64_t kMaxRunGap = 1ull << 20;       // skip gaps larger than this between direct reads
+constexpr double kMappedIfResident = 0.5;         // map a tensor when this much of it is cached
+constexpr int kMinDirectReads = 8;                // direct reads in flight, even on few cores
+constexpr int kMaxDirectReads = 16;
+
+uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Whether the tensor's stored bytes are exactly its plaintext, in a local file.
+bool plain_local(Reader& r, const IndexEntry& e) {
+  return !r.encrypted() && r.source().local_fd() >= 0 && !e.is_meta() && e.data_length > 0 &&
+         e.data_length == e.expected_bytes();
+}
+
+// Whether the direct route can serve the tensor: its data can be moved down to a 64-byte
+// boundary without touching the previous tensor (only its own header lies below it).
+bool can_direct(Reader& r, const IndexEntry& e) {
+  return plain_local(r, e) && e.data_offset % kAlignment <= e.header_size();
+}
+
+// Reads runs of neighbouring tensors with O_DIRECT into one huge-page block; then, per tensor,
+// parses its header from the block, moves its data to a 64-byte boundary and checks hashes.
+void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<size_t>& entries,
+                 const LoadOptions& opt, std::vector<HostTensor>& out, const std::vector<size_t>& slots) {
+  const auto& index = r.entries();
+  const uint64_t a = file.alignment();
+  std::vector<size_t> order(entries.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return index[entries[x]].header_offset < index[entries[y]].header_offset; });
+
+  struct Run {
+    uint64_t begin, end, block_offset;  // file range (aligned) and where it lands in the block
+  };
+  std::vector<Run> runs;
+  std::vector<size_t> run_of(entries.size());
+  uint64_t total = 0;
+  for (size_t k : order) {
+    const IndexEntry& e = index[entries[k]];
+    const uint64_t begin = align_down(e.header_offset, a), end = align_up(e.data_offset + e.data_length, a);
+    if (runs.empty() || begin > runs.back().end + kMaxRunGap) {
+      if (!runs.empty()) total += runs.back().end - runs.back().begin;
+      runs.push_back({begin, end, total});
+    } else {
+      runs.back().end = std::max(runs.back().end, end);
+    }
+    run_of[k] = runs.size() - 1;
+  }
+  total += runs.back().end - runs.back().begin;
+  auto block = HostBlock::anonymous(total);
+
+  struct Piece {
+    uint64_t offset, length, block_offset;
+  };
+  std::vector<Piece> pieces;
+  for (const Run& run : runs)
+    for (uint64_t off = run.begin; off < run.end; off += kDirectPiece)
+      pieces.push_back({off, std::min(kDirectPiece, run.end - off), run.block_offset + (off - run.begin)});
+  const int readers = opt.num_workers > 0 ? opt.num_workers
+                                          : std::clamp(engine::default_workers(0), kMinDirectReads, kMaxDirectReads);
+  const std::string what = "'" + r.uri() + "'";
+  engine::parallel_for(pieces.size(), readers, [&](size_t i) {
+    const Piece& p = pieces[i];
+    file.read(block->data() + p.block_offset, p.offset, p.length, what);
+  });
+
+  engine::parallel_for(entries.size(), engine::default_workers(opt.num_workers), [&](size_t k) {
+    const size_t entry = entries[k];
+    const IndexEntry& e = index[entry];
+    const Run& run = runs[run_of[k]];
+    uint8_t* at = block->data() + run.block_offset;
+    const uint8_t* header = at + (e.header_offset - run.begin);
+    r.adopt_header(entry, std::string(reinterpret_cast<const char*>(header), e.header_size()));
+    uint8_t* data = at + (e.data_offset - run.begin);
+    uint8_t* dest = at + (align_down(e.data_offset, kAlignment) - run.begin);
+    if (dest != data) std::memmove(dest, data, e.data_length);  // over its own header only
+    if (opt.verify_hash) engine::verify_tensor(r, entry, dest);
+    out[slots[k]] = {entry, dest, e.data_length, LoadedVia::kDirect, engine::block_view(block, dest, e.data_length)};
+  });
+}
+
+// Loads the tensors with Reader::load into one huge-page block, each at a 64-byte boundary.
+void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOptions& opt,
+                 std::vector<HostTensor>& out, const std::vector<size_t>& slots) {
+  std::vector<uint64_t> offsets(entries.size());
+  uint64_t total = 0;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    offsets[k] = total;
+    total = align_up(total + r.entries()[entries[k]].expected_bytes(), kAlignment);
+  }
+  auto block = HostBlock::anonymous(total);
+  std::vector<TensorDestination> dests;
+  dests.reserve(entries.size());
+  for (size_t k = 0; k < entries.size(); ++k) dests.push_back({entries[k], block->data() + offsets[k]});
+  r.load(dests, opt);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const size_t n = r.entries()[entries[k]].expected_bytes();
+    uint8_t* data = block->data() + offsets[k];
+    out[slots[k]] = {entries[k], data, n, LoadedVia::kCopied, engine::block_view(block, data, n)};
+  }
+}
+
+}  // namespace
+
+const char* to_string(LoadedVia via) {
+  switch (via) {
+    case LoadedVia::kMapped: return "mapped";
+    case LoadedVia::kDirect: return "direct";
+    case LoadedVia::kCopied: return "copied";
+  }
+  return "?";
+}
+
+std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& entries,
+                                     const LoadOptions& options, HostRoute route) {
+  for (size_t entry : entries)
+    if (entry >= reader.entries().size())
+      fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
+  const int fd = reader.source().local_fd();
+  std::unique_ptr<engine::DirectFile> file;
+  if (fd >= 0 && !reader.encrypted() && (route == HostRoute::kAuto || route == HostRoute::kDirect)) {
+    file = std::make_unique<engine::DirectFile>(fd);
+    if (!file->ok()) file.reset();
+  }
+
+  // Route of each tensor: slots[k] is where its result goes.
+  std::unique_ptr<engine::Residency> residency;
+  std::vector<size_t> mapped, direct, copied, mapped_slots, direct_slots, copied_slots;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const IndexEntry& e = reader.entries()[entries[k]];
+    const bool mappable = route != HostRoute::kCopy && route != HostRoute::kDirect && can_map(reader, entries[k]);
+    const bool directable = file && can_direct(reader, e);
+    bool map = mappable, dio = false;
+    if (route == HostRoute::kAuto && (mappable || directable)) {
+      if (!residency) residency = std::make_unique<engine::Residency>(fd);
+      const bool resident = residency->fraction(e.data_offset, e.data_length) >= kMappedIfResident;
+      dio = directable && !resident;
+      map = mappable && !dio;  // cached, or cold without direct I/O: readahead beats copies
+    } else if (route == HostRoute::kDirect) {
+      dio = directable;
+    }
+    if (map) mapped.push_back(entries[k]), mapped_slots.push_back(k);
+    else if (dio) direct.push_back(entries[k]), direct_slots.push_back(k);
+    else copied.push_back(entries[k]), copied_slots.push_back(k);
+  }
+
+  std::vector<HostTensor> out(entries.size());
+  if (!mapped.empty()) {
+    auto maps = map_tensors(reader, mapped, options);
+    for (size_t k = 0; k < maps.size(); ++k)
+      out[mapped_slots[k]] = {maps[k].entry, maps[k].data, reader.entries()[maps[k].entry].data_length,
+                              LoadedVia::kMapped, std::move(maps[k].owner)};
+  }
+  if (!direct.empty()) load_direct(reader, *file, direct, options, out, direct_slots);
+  if (!copied.empty()) load_copied(reader, copied, options, out, copied_slots);
+  return out;
+}
+
+}  // namespace tensorizer

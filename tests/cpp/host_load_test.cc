@@ -1,0 +1,225 @@
+// Host loads (tensorizer/host_load.h): each route gives the stored bytes exactly, the automatic
+// choice follows the page cache (mapped when cached, direct I/O when not), unaligned files and
+// encrypted files take their fallbacks, verify_hash catches a flipped byte on every route, and
+// results outlive the reader and the file.
+#include "tensorizer/host_load.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "engine/direct_io.h"
+#include "tensorizer/writer.h"
+#include "test_util.h"
+
+namespace tensorizer {
+namespace {
+
+struct Sample {
+  std::string name;
+  std::string bytes;  // float32 data
+};
+
+// Tensors of sizes around the edges: larger than a direct read, odd, tiny, empty.
+std::vector<Sample> samples() {
+  std::mt19937_64 rng(7);
+  std::vector<Sample> out;
+  for (size_t n : {size_t{20} << 20, size_t{3 << 20} + 12, size_t{4096}, size_t{36}, size_t{4}, size_t{0}}) {
+    std::string b(n, '\0');
+    for (auto& c : b) c = static_cast<char>(rng());
+    out.push_back({"t" + std::to_string(out.size()), std::move(b)});
+  }
+  return out;
+}
+
+void write_samples(const std::string& path, const std::vector<Sample>& ts, bool aligned) {
+  WriterOptions o;
+  if (!aligned) o.alignment = o.large_alignment = 1;
+  auto w = Writer::open(path, o);
+  std::vector<WriteRequest> reqs;
+  for (const auto& t : ts) {
+    WriteRequest r;
+    r.path = TensorPath{t.name};
+    r.dtype = "<f4";
+    r.shape = {t.bytes.size() / 4};
+    r.data = t.bytes.data();
+    reqs.push_back(r);
+  }
+  w->write(reqs);
+  w->close();
+}
+
+void drop_page_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void warm_page_cache(const std::string& path) { (void)test::read_file(path); }
+
+bool direct_io_works(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  engine::DirectFile f(fd);
+  const bool ok = f.ok();
+  ::close(fd);
+  return ok;
+}
+
+std::vector<size_t> all_entries(const Reader& r) {
+  std::vector<size_t> v(r.entries().size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i;
+  return v;
+}
+
+void expect_samples(const std::vector<HostTensor>& got, const std::vector<Sample>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(want[i].name);
+    ASSERT_EQ(got[i].size, want[i].bytes.size());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(got[i].data) % 64, 0u);
+    EXPECT_EQ(std::memcmp(got[i].data, want[i].bytes.data(), got[i].size), 0);
+  }
+}
+
+class HostLoadTest : public ::testing::TestWithParam<bool> {  // param: written aligned
+ protected:
+  void SetUp() override {
+    ts_ = samples();
+    path_ = dir_.path("m.tensors");
+    write_samples(path_, ts_, GetParam());
+  }
+  test::TempDir dir_;
+  std::string path_;
+  std::vector<Sample> ts_;
+};
+
+TEST_P(HostLoadTest, EveryForcedRouteGivesTheStoredBytes) {
+  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
+    SCOPED_TRACE(static_cast<int>(route));
+    auto r = Reader::open(path_);
+    LoadOptions o;
+    o.verify_hash = true;
+    expect_samples(load_to_host(*r, all_entries(*r), o, route), ts_);
+  }
+}
+
+TEST_P(HostLoadTest, AutoMapsCachedPagesAndReadsColdOnesDirect) {
+  if (!direct_io_works(path_)) GTEST_SKIP() << "no direct I/O on this file system";
+  warm_page_cache(path_);
+  {
+    auto r = Reader::open(path_);
+    auto got = load_to_host(*r, all_entries(*r));
+    expect_samples(got, ts_);
+    // Aligned tensors are mapped; unaligned ones (and the empty one) are copied from the cache.
+    EXPECT_EQ(got[0].via, GetParam() ? LoadedVia::kMapped : LoadedVia::kCopied);
+    EXPECT_EQ(got[5].via, LoadedVia::kCopied);
+  }
+  drop_page_cache(path_);
+  auto r = Reader::open(path_);
+  auto got = load_to_host(*r, all_entries(*r));
+  expect_samples(got, ts_);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i].via, LoadedVia::kDirect) << i;
+  EXPECT_LT(engine::Residency(r->source().local_fd()).fraction(r->entries()[0].data_offset,
+                                                              r->entries()[0].data_length),
+            0.5)
+      << "direct reads leave the page cache alone";
+}
+
+TEST_P(HostLoadTest, ResultsOutliveTheReaderAndTheFile) {
+  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy}) {
+    std::vector<HostTensor> got;
+    {
+      auto r = Reader::open(path_);
+      got = load_to_host(*r, all_entries(*r), {}, route);
+    }
+    const std::string moved = path_ + ".old";
+    ASSERT_EQ(std::rename(path_.c_str(), moved.c_str()), 0);
+    write_samples(path_, samples(), !GetParam());  // replaced by rename, as writers do
+    ASSERT_EQ(std::remove(moved.c_str()), 0);
+    expect_samples(got, ts_);
+    // Writes stay private to the result.
+    got[1].data[0] ^= 0xff;
+    auto again = Reader::open(path_);
+    auto fresh = load_to_host(*again, all_entries(*again), {}, route);
+    expect_samples(fresh, ts_);
+  }
+}
+
+TEST_P(HostLoadTest, VerifyHashCatchesAFlippedByteOnEveryRoute) {
+  std::string bytes = test::read_file(path_);
+  {
+    auto r = Reader::open(path_);
+    bytes[r->entries()[1].data_offset + 1000] ^= 0x01;
+  }
+  test::write_file(path_, bytes);
+  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
+    SCOPED_TRACE(static_cast<int>(route));
+    if (route == HostRoute::kAuto) drop_page_cache(path_);
+    auto r = Reader::open(path_);
+    LoadOptions o;
+    o.verify_hash = true;
+    try {
+      load_to_host(*r, all_entries(*r), o, route);
+      ADD_FAILURE() << "no mismatch reported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kHashMismatch);
+      EXPECT_NE(std::string(e.what()).find("t1"), std::string::npos) << e.what();
+    }
+    auto unchecked = load_to_host(*r, {1}, {}, route);
+    EXPECT_NE(std::memcmp(unchecked[0].data, ts_[1].bytes.data(), ts_[1].bytes.size()), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HostLoadTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "aligned" : "unaligned"; });
+
+// The reference's own files (unaligned data): every route, cached or not, gives the manifest's bytes.
+TEST(HostLoadFixtures, ReferenceFilesLoadExactlyOnEveryRoute) {
+  test::TempDir dir;
+  for (const auto& name : test::unencrypted_fixtures()) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.path(name);
+    test::write_file(path, test::read_file(test::fixture_path(name)));
+    const auto& tensors = test::manifest()["files"][name]["tensors"];
+    for (HostRoute route : {HostRoute::kAuto, HostRoute::kDirect, HostRoute::kMap, HostRoute::kCopy}) {
+      drop_page_cache(path);
+      auto r = Reader::open(path);
+      LoadOptions o;
+      o.verify_hash = true;
+      auto got = load_to_host(*r, all_entries(*r), o, route);
+      ASSERT_EQ(got.size(), tensors.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (tensors[i]["meta"].get<bool>()) {
+          EXPECT_EQ(got[i].via, LoadedVia::kCopied);
+          continue;
+        }
+        EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size), tensors[i]["sha256"].get<std::string>()) << i;
+      }
+    }
+  }
+}
+
+TEST(HostLoadFixtures, EncryptedFilesAreCopied) {
+  ReaderOptions o;
+  const std::string raw = test::read_file(test::fixture_path("encrypted_key.key"));
+  Key key{};
+  ASSERT_EQ(raw.size(), key.size());
+  std::memcpy(key.data(), raw.data(), key.size());
+  o.decryption = DecryptionParams::from_key(key);
+  auto r = Reader::open(test::fixture_path("encrypted_key.tensors"), o);
+  auto got = load_to_host(*r, all_entries(*r));
+  const auto& tensors = test::manifest()["files"]["encrypted_key.tensors"]["tensors"];
+  ASSERT_EQ(got.size(), tensors.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].via, LoadedVia::kCopied);
+    EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size), tensors[i]["sha256"].get<std::string>()) << i;
+  }
+}
+
+}  // namespace
+}  // namespace tensorizer
