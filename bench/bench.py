@@ -62,6 +62,8 @@ def run_child(python, mode, task, path, args, size_bytes=0):
         str(args.warmup),
         "--size-bytes",
         str(size_bytes),
+        "--touch",
+        getattr(args, "touch", "bytes"),
     ]
     env = dict(os.environ, RUNAI_STREAMER_LOG_LEVEL="WARNING")
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)

@@ -1,0 +1,147 @@
+"""The headline benchmark: time to a loaded model in a fresh process, page cache warm and dropped.
+
+Each row is one fresh process (bench/child.py --warmup 0 --reps 1) doing one load with default
+options and touching every 4 KiB page of the result once (one byte per page), timed from the call to
+the end of that first touch; the checksum of every byte follows, untimed, to check the data. Before a "warm" row the file is read once with cat; before a "cold" row every benchmark
+file is synced and dropped from the page cache (fsync + posix_fadvise(DONTNEED), unprivileged).
+Rounds alternate the row order; the table gives the median and min-max of the rounds, the memory
+the first load held (private RSS + page cache the file still occupies) and its peak.
+
+Run by bench.py (make bench), or alone over the files of an earlier `make bench`:
+  .venv-bench/bin/python bench/coldstart.py --ref-python .venv-ref/bin/python [--rounds 3]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (label, system, child task, file key)
+ROWS = [
+    ("ours (defaults)", "ours", "tensorizer", "ours"),
+    ("ours, reference-written file", "ours", "tensorizer", "ref"),
+    ("reference tensorizer 2.12.1", "ref", "tensorizer", "ref"),
+    ("safetensors load_file", "peer", "safetensors", "safetensors"),
+    ("torch.load", "peer", "torch", "torch"),
+    ("torch.load mmap=True", "peer", "torch_mmap", "torch"),
+    ("runai-model-streamer (safetensors)", "peer", "runai", "safetensors"),
+    ("cat FILE > /dev/null", "baseline", "cat", "ours"),
+    ("dd iflag=direct bs=16M", "baseline", "dd_direct", "ours"),
+]
+STATES = ("warm", "cold")
+
+
+def drop(path):
+    """fsync + POSIX_FADV_DONTNEED: the file's clean pages leave the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def cached_bytes(path):
+    """Bytes of the file in the page cache now (util-linux fincore), or None."""
+    p = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path], capture_output=True, text=True)
+    try:
+        return int(p.stdout.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def run(paths, python_for, run_child, expected=None, rounds=3, wanted=()):
+    """Returns one dict per (row, state): label, state, times (s), bytes, memory, errors."""
+    rows = [r for r in ROWS if os.path.exists(paths[r[3]]) and (not wanted or any(w in r[0] for w in wanted))]
+    results = {(label, state): {"label": label, "state": state, "system": system, "times": [], "errors": []}
+               for label, system, _, _ in rows for state in STATES}
+    files = sorted({paths[key] for *_, key in rows})
+    for rnd in range(rounds):
+        order = rows if rnd % 2 == 0 else rows[::-1]
+        for state in STATES:
+            for label, system, task, key in order:
+                path = paths[key]
+                if state == "cold":
+                    for f in files:
+                        drop(f)
+                else:
+                    subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+                print(f"  coldstart round {rnd + 1}/{rounds} {state:4} {label} ...", flush=True)
+                res = run_child(python_for(system), "load", task, path, reps=1, warmup=0)
+                out = results[(label, state)]
+                if "error" in res:
+                    out["errors"].append(res["error"])
+                    continue
+                if system != "baseline" and expected and set(res.get("checksums", [])) != expected:
+                    out["errors"].append(f"wrong data: checksum {res.get('checksums')}")
+                    continue
+                out["times"].append(res["load"][0] + res["touch"][0])
+                out["bytes"] = res["bytes"]
+                out["file_bytes"] = os.path.getsize(path)
+                if rnd == 0:
+                    out["anon_held"] = res.get("anon_held")
+                    out["load_peak"] = res.get("load_peak")
+                    out["cached_after"] = cached_bytes(path)
+    return list(results.values())
+
+
+def _gb(x):
+    return "–" if x is None else f"{x / 1e9:.2f}"
+
+
+def table(results):
+    """Markdown: rate per state (median, min-max of rounds), ratio to ours, memory held after a cold load."""
+    by = {(r["label"], r["state"]): r for r in results}
+    labels = list(dict.fromkeys(r["label"] for r in results))
+
+    def rate(r):
+        if not r or not r["times"]:
+            return None
+        rates = sorted(r["bytes"] / t / 1e9 for t in r["times"])
+        return statistics.median(rates), rates[0], rates[-1], statistics.median(r["times"])
+
+    ours = {s: rate(by.get(("ours (defaults)", s))) for s in STATES}
+    lines = [
+        "| fresh process, one load + first touch | warm cache GB/s (min–max) | s | ours ÷ row | "
+        "dropped cache GB/s (min–max) | s | ours ÷ row | private RSS held GB | page cache after GB | peak GB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label in labels:
+        cells = [label]
+        for s in STATES:
+            r = rate(by.get((label, s)))
+            if r is None:
+                err = (by.get((label, s)) or {}).get("errors") or ["not run"]
+                cells += [f"error: {err[0][:60]}", "", ""]
+                continue
+            ratio = f"{ours[s][0] / r[0]:.2f}×" if ours[s] else "–"
+            cells += [f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})", f"{r[3]:.3f}", ratio]
+        cold = by.get((label, "cold")) or {}
+        cells += [_gb(cold.get("anon_held")), _gb(cold.get("cached_after")), _gb(cold.get("load_peak"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    sys.path.insert(0, HERE)
+    import bench
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
+    ap.add_argument("--ref-python", default=os.path.join(HERE, "..", ".venv-bench-ref", "bin", "python"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    paths = {k: os.path.join(args.data_dir, v) for k, v in bench.FILES.items()}
+    pyfor = lambda system: {"ref": args.ref_python}.get(system, sys.executable)
+    child = lambda py, mode, task, path, reps, warmup: bench.run_child(
+        py, mode, task, path, argparse.Namespace(reps=reps, warmup=warmup, touch="pages"))
+    wanted = [w for w in args.only.split(",") if w]
+    print(table(run(paths, pyfor, child, rounds=args.rounds, wanted=wanted)))
+
+
+if __name__ == "__main__":
+    main()
