@@ -1,8 +1,10 @@
 """Benchmark driver (`make bench` runs it through bench/run.sh): ours against the peers, same files, same run.
 
-Each system saves the same generated state dict (timed; the last save leaves the file the loads use),
-then each loader runs in its own fresh process (bench/child.py) against the page-cached file, then the
-optional network section. Prints a table and writes bench/results/<date>-<host>.{md,json,png}.
+Each system saves the same generated state dict (timed; the last save leaves the file the loads use).
+The headline is bench/coldstart.py: each loader in a fresh process, one load with default options and
+the first touch of every page, page cache warm and dropped, rounds alternating. Then, secondary, each
+loader repeats loads inside one process after a warm-up (bench/child.py), then the optional network
+section. Prints a table and writes bench/results/<date>-<host>.{md,json,png}.
 Rates are decimal GB/s (1e9 bytes) of tensor bytes (file bytes for the physical baselines).
 """
 
@@ -106,6 +108,13 @@ def main():
         help="skip the network section (also BENCH_SKIP_NET=1)",
     )
     ap.add_argument("--skip-save", action="store_true", help="reuse the files of an earlier run")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=int(os.environ.get("BENCH_ROUNDS", "3")),
+        help="rounds of the fresh-process (cold-start) table",
+    )
+    ap.add_argument("--no-coldstart", action="store_true", help="skip the fresh-process table")
     ap.add_argument("--only", default="", help="comma-separated substrings of the row labels to run")
     args = ap.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
@@ -127,8 +136,7 @@ def main():
         "started": time.time(),
     }
     print(
-        f"bench: {args.size_gb} GB test set, {args.reps} reps after {args.warmup} warm-up, "
-        f"data in {args.data_dir}",
+        f"bench: {args.size_gb} GB test set, {args.reps} reps after {args.warmup} warm-up, " f"data in {args.data_dir}",
         flush=True,
     )
     for label, system, task, key in SAVES:
@@ -144,6 +152,15 @@ def main():
         if os.path.exists(paths[key]):
             recache(paths[key])
     expected = {c for r in run["save"] for c in r.get("checksums", [])}
+    if not args.no_coldstart:  # the headline: fresh processes, page cache warm and dropped
+        import coldstart
+
+        run["coldstart"] = coldstart.run(
+            paths, lambda system: python_for(system, args), run_child, expected, rounds=args.rounds, wanted=wanted
+        )
+        for key in sorted({key for *_, key in LOADS}):  # leave the page cache as the section below expects
+            if os.path.exists(paths[key]):
+                recache(paths[key])
     for label, system, task, key in LOADS:
         if skip(label, system):
             if system == "ours" and args.no_ours:

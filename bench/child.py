@@ -180,9 +180,12 @@ def reset_hwm():
 
 
 def versions(task):
-    mod = {"tensorizer": "tensorizer", "tensorizer_mmap": "tensorizer", "safetensors": "safetensors", "runai": "runai_model_streamer"}.get(
-        task
-    )
+    mod = {
+        "tensorizer": "tensorizer",
+        "tensorizer_mmap": "tensorizer",
+        "safetensors": "safetensors",
+        "runai": "runai_model_streamer",
+    }.get(task)
     out = {"python": sys.version.split()[0], "torch": torch.__version__, "executable": sys.executable}
     if mod:
         m = __import__(mod)

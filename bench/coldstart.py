@@ -2,8 +2,9 @@
 
 Each row is one fresh process (bench/child.py --warmup 0 --reps 1) doing one load with default
 options and touching every 4 KiB page of the result once (one byte per page), timed from the call to
-the end of that first touch; the checksum of every byte follows, untimed, to check the data. Before a "warm" row the file is read once with cat; before a "cold" row every benchmark
-file is synced and dropped from the page cache (fsync + posix_fadvise(DONTNEED), unprivileged).
+the end of that first touch; the checksum of every byte follows, untimed, to check the data. Before
+a "warm" row the file is read once with cat; before a "cold" row every benchmark file is synced and
+dropped from the page cache (fsync + posix_fadvise(DONTNEED), unprivileged).
 Rounds alternate the row order; the table gives the median and min-max of the rounds, the memory
 the first load held (private RSS + page cache the file still occupies) and its peak.
 
@@ -54,10 +55,15 @@ def cached_bytes(path):
 
 
 def run(paths, python_for, run_child, expected=None, rounds=3, wanted=()):
-    """Returns one dict per (row, state): label, state, times (s), bytes, memory, errors."""
+    """Returns one dict per (row, state): label, state, times (s), bytes, memory, errors.
+    python_for(system) names the interpreter of a system; run_child is bench.run_child."""
+    one_load = argparse.Namespace(reps=1, warmup=0, touch="pages")
     rows = [r for r in ROWS if os.path.exists(paths[r[3]]) and (not wanted or any(w in r[0] for w in wanted))]
-    results = {(label, state): {"label": label, "state": state, "system": system, "times": [], "errors": []}
-               for label, system, _, _ in rows for state in STATES}
+    results = {
+        (label, state): {"label": label, "state": state, "system": system, "times": [], "errors": []}
+        for label, system, _, _ in rows
+        for state in STATES
+    }
     files = sorted({paths[key] for *_, key in rows})
     for rnd in range(rounds):
         order = rows if rnd % 2 == 0 else rows[::-1]
@@ -70,7 +76,7 @@ def run(paths, python_for, run_child, expected=None, rounds=3, wanted=()):
                 else:
                     subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
                 print(f"  coldstart round {rnd + 1}/{rounds} {state:4} {label} ...", flush=True)
-                res = run_child(python_for(system), "load", task, path, reps=1, warmup=0)
+                res = run_child(python_for(system), "load", task, path, one_load)
                 out = results[(label, state)]
                 if "error" in res:
                     out["errors"].append(res["error"])
@@ -136,11 +142,12 @@ def main():
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     paths = {k: os.path.join(args.data_dir, v) for k, v in bench.FILES.items()}
-    pyfor = lambda system: {"ref": args.ref_python}.get(system, sys.executable)
-    child = lambda py, mode, task, path, reps, warmup: bench.run_child(
-        py, mode, task, path, argparse.Namespace(reps=reps, warmup=warmup, touch="pages"))
+
+    def python_for(system):
+        return {"ref": args.ref_python}.get(system, sys.executable)
+
     wanted = [w for w in args.only.split(",") if w]
-    print(table(run(paths, pyfor, child, rounds=args.rounds, wanted=wanted)))
+    print(table(run(paths, python_for, bench.run_child, rounds=args.rounds, wanted=wanted)))
 
 
 if __name__ == "__main__":

@@ -50,10 +50,7 @@ def machine(data_dir):
     return {
         "host": socket.gethostname(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "cpu": _first("/proc/cpuinfo", "model name")
-        + ", "
-        + _first("/proc/cpuinfo", "cache size")
-        + " cache",
+        "cpu": _first("/proc/cpuinfo", "model name") + ", " + _first("/proc/cpuinfo", "cache size") + " cache",
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "memory_gib": round(mem_kb / 2**20, 1),
@@ -156,9 +153,7 @@ def targets(run):
 
     ref = load.get("reference tensorizer 2.12.1")
     if ref:
-        check(
-            "load vs reference", f"{ours['gbps'] / ref['gbps']:.2f}×", "≥ 3×", ours["gbps"] >= 3 * ref["gbps"]
-        )
+        check("load vs reference", f"{ours['gbps'] / ref['gbps']:.2f}×", "≥ 3×", ours["gbps"] >= 3 * ref["gbps"])
     peers = [r for r in load.values() if r["system"] == "peer"]
     if peers:
         best = max(peers, key=lambda r: r["gbps"])
@@ -217,7 +212,18 @@ def targets(run):
 
 
 def table(run):
-    parts = [_table(run["load"], "load", "Load to CPU, page-cached file")]
+    parts = []
+    if run.get("coldstart"):
+        import coldstart
+
+        parts.append(
+            "Headline: a fresh process, one load with default options, first touch of every page\n\n"
+            + coldstart.table(run["coldstart"])
+        )
+    parts.append(
+        "Secondary: repeats inside one warmed-up process\n\n"
+        + _table(run["load"], "load", "Load to CPU, page-cached file")
+    )
     if run["save"]:
         parts.append(_table(run["save"], "save", "Save (to page cache, no fsync)"))
     if run["net"]:

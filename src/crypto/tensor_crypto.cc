@@ -11,6 +11,7 @@
 #include <exception>
 #include <thread>
 
+#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 
 namespace tensorizer::crypto {
@@ -53,34 +54,6 @@ Nonce nonce_at(const Nonce& n0, uint64_t index) {
   Nonce n = n0;
   add_le(n, index);
   return n;
-}
-
-void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) {
-  const size_t threads = std::min<size_t>(n, static_cast<size_t>(std::max(workers, 1)));
-  if (threads <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::exception_ptr error;
-  auto run = [&] {
-    for (size_t i; !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-        stop = true;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(run);
-  run();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
 }
 
 // ---- Decryption ------------------------------------------------------------------------------

@@ -43,10 +43,6 @@ class KeyCache {
   std::map<std::string, Key> keys_;
 };
 
-// Runs fn(i) for i in [0, n) on up to `workers` threads (the caller is one of them). The first
-// exception thrown is re-thrown after every thread has stopped.
-void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn);
-
 class TensorDecryptor {
  public:
   // Parses `crypt_info`; returns nullptr when the tensor is not encrypted (chunk count 0).

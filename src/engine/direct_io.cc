@@ -53,7 +53,6 @@ double Residency::fraction(uint64_t offset, uint64_t length) const {
 DirectFile::DirectFile(int fd) : fd_(fd) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
-  size_ = static_cast<uint64_t>(st.st_size);
 #ifdef STATX_DIOALIGN
   struct statx sx;
   if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
@@ -75,8 +74,10 @@ DirectFile::~DirectFile() {
   if (dfd_ >= 0) ::close(dfd_);
 }
 
-void DirectFile::read(uint8_t* dst, uint64_t offset, uint64_t length, const std::string& what) const {
+void DirectFile::read(uint8_t* dst, uint64_t offset, uint64_t length, uint64_t required,
+                      const std::string& what) const {
   int fd = dfd_;
+  const uint64_t needed_end = offset + required;
   while (length > 0) {
     const ssize_t n = ::pread(fd, dst, length, static_cast<off_t>(offset));
     if (n < 0) {
@@ -89,7 +90,7 @@ void DirectFile::read(uint8_t* dst, uint64_t offset, uint64_t length, const std:
                                std::strerror(errno));
     }
     if (n == 0) {
-      if (offset >= size_) return;  // the aligned range ran past the end of the file
+      if (offset >= needed_end) return;  // only the alignment padding lay past the end of the file
       fail(ErrorCode::kIO, what + " ends early: the file is shorter than its index says (truncated "
                                   "while loading?) at offset " + std::to_string(offset));
     }

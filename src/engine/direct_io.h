@@ -38,15 +38,15 @@ class DirectFile {
   bool ok() const { return dfd_ >= 0; }
   // Offsets, lengths and memory addresses of direct reads must be multiples of this.
   uint64_t alignment() const { return align_; }
-  // Reads [offset, offset+length) into `dst` (offset, length, dst aligned); bytes past the end
-  // of the file are left as they are. Throws Error(kIO) naming `what` on failure.
-  void read(uint8_t* dst, uint64_t offset, uint64_t length, const std::string& what) const;
+  // Reads [offset, offset+length) into `dst` (offset, length, dst aligned). The first `required`
+  // bytes must exist (kIO naming `what` if the file ends before them: truncated); the rest is
+  // alignment padding that may lie past the end of the file and is then left as it is.
+  void read(uint8_t* dst, uint64_t offset, uint64_t length, uint64_t required, const std::string& what) const;
 
  private:
   int fd_;       // the caller's buffered descriptor (for an unaligned tail)
   int dfd_ = -1;
   uint64_t align_ = 4096;
-  uint64_t size_ = 0;
 };
 
 }  // namespace tensorizer::engine

@@ -8,7 +8,7 @@
 #include "engine/direct_io.h"
 #include "engine/host_block.h"
 #include "engine/verify_tensor.h"
-#include "engine/worker_pool.h"
+#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 #include "tensorizer/mapped_load.h"
 
@@ -52,6 +52,7 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
 
   struct Run {
     uint64_t begin, end, block_offset;  // file range (aligned) and where it lands in the block
+    uint64_t data_end;                  // end of the last tensor's bytes: must exist in the file
   };
   std::vector<Run> runs;
   std::vector<size_t> run_of(entries.size());
@@ -59,11 +60,13 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
   for (size_t k : order) {
     const IndexEntry& e = index[entries[k]];
     const uint64_t begin = align_down(e.header_offset, a), end = align_up(e.data_offset + e.data_length, a);
+    const uint64_t data_end = e.data_offset + e.data_length;
     if (runs.empty() || begin > runs.back().end + kMaxRunGap) {
       if (!runs.empty()) total += runs.back().end - runs.back().begin;
-      runs.push_back({begin, end, total});
+      runs.push_back({begin, end, total, data_end});
     } else {
       runs.back().end = std::max(runs.back().end, end);
+      runs.back().data_end = std::max(runs.back().data_end, data_end);
     }
     run_of[k] = runs.size() - 1;
   }
@@ -71,21 +74,24 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
   auto block = HostBlock::anonymous(total);
 
   struct Piece {
-    uint64_t offset, length, block_offset;
+    uint64_t offset, length, required, block_offset;
   };
   std::vector<Piece> pieces;
   for (const Run& run : runs)
-    for (uint64_t off = run.begin; off < run.end; off += kDirectPiece)
-      pieces.push_back({off, std::min(kDirectPiece, run.end - off), run.block_offset + (off - run.begin)});
+    for (uint64_t off = run.begin; off < run.end; off += kDirectPiece) {
+      const uint64_t length = std::min(kDirectPiece, run.end - off);
+      const uint64_t required = run.data_end > off ? std::min(length, run.data_end - off) : 0;
+      pieces.push_back({off, length, required, run.block_offset + (off - run.begin)});
+    }
   const int readers = opt.num_workers > 0 ? opt.num_workers
-                                          : std::clamp(engine::default_workers(0), kMinDirectReads, kMaxDirectReads);
+                                          : std::clamp(default_workers(0), kMinDirectReads, kMaxDirectReads);
   const std::string what = "'" + r.uri() + "'";
-  engine::parallel_for(pieces.size(), readers, [&](size_t i) {
+  parallel_for(pieces.size(), readers, [&](size_t i) {
     const Piece& p = pieces[i];
-    file.read(block->data() + p.block_offset, p.offset, p.length, what);
+    file.read(block->data() + p.block_offset, p.offset, p.length, p.required, what);
   });
 
-  engine::parallel_for(entries.size(), engine::default_workers(opt.num_workers), [&](size_t k) {
+  parallel_for(entries.size(), default_workers(opt.num_workers), [&](size_t k) {
     const size_t entry = entries[k];
     const IndexEntry& e = index[entry];
     const Run& run = runs[run_of[k]];

@@ -13,7 +13,7 @@
 
 #include "engine/host_block.h"
 #include "engine/verify_tensor.h"
-#include "engine/worker_pool.h"
+#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 
 #ifndef MADV_POPULATE_READ
@@ -89,12 +89,12 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
     for (++k; k < spans.size() && spans[k].first <= end; ++k) end = std::max(end, spans[k].second);
     for (uint64_t off = b; off < end; off += kPopulatePiece) pieces.push_back({off, std::min(kPopulatePiece, end - off)});
   }
-  const int workers = engine::default_workers(options.num_workers);
-  engine::parallel_for(pieces.size(), workers, [&](size_t i) {
+  const int workers = default_workers(options.num_workers);
+  parallel_for(pieces.size(), workers, [&](size_t i) {
     populate(block->data() + pieces[i].first, pieces[i].second);
   });
   if (options.verify_hash)
-    engine::parallel_for(out.size(), workers,
+    parallel_for(out.size(), workers,
                          [&](size_t t) { engine::verify_tensor(reader, out[t].entry, out[t].data); });
   return out;
 }

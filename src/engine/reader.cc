@@ -1,8 +1,6 @@
 // Reader: opens a .tensors source, plans and runs parallel loads into caller memory.
 #include "tensorizer/reader.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -12,6 +10,7 @@
 #include <unordered_map>
 
 #include "crypto/tensor_crypto.h"
+#include "common/worker_pool.h"
 #include "engine/huge_pages.h"
 #include "engine/planner.h"
 #include "tensorizer/error.h"
@@ -64,20 +63,6 @@ std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
 }
 
 }  // namespace
-
-int usable_cores() {
-  int n = static_cast<int>(std::thread::hardware_concurrency());
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-  std::ifstream f("/sys/fs/cgroup/cpu.max");
-  std::string quota;
-  uint64_t period = 0;
-  if (f >> quota >> period && quota != "max" && period > 0) {
-    uint64_t q = std::stoull(quota);
-    n = std::min<int>(n, static_cast<int>((q + period - 1) / period));
-  }
-  return std::max(n, 1);
-}
 
 struct Reader::Impl {
   std::unique_ptr<Source> source;
@@ -223,16 +208,11 @@ class LoadJob {
     int workers = opt_.num_workers > 0 ? opt_.num_workers : r_.source->preferred_readers();
     if (workers <= 0) workers = usable_cores();
     workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
-    if (workers == 1) {
-      work(*r_.source);
-    } else {
-      std::vector<std::thread> threads;
-      std::vector<std::unique_ptr<Source>> handles;
-      for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
-      for (auto& h : handles) threads.emplace_back([this, src = h.get()] { work(*src); });
-      work(*r_.source);
-      for (auto& t : threads) t.join();
-    }
+    std::vector<std::unique_ptr<Source>> handles;  // one source per worker beyond the caller's
+    for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
+    // Each worker runs its own loop over the items (work() keeps the first error, with context).
+    parallel_for_workers(static_cast<size_t>(workers), workers,
+                         [&](size_t, int w) { work(w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1]); });
     if (error_) std::rethrow_exception(error_);
     LoadResult result;
     result.bytes_read = r_.source->bytes_read() - before;
@@ -306,11 +286,13 @@ class LoadJob {
   }
 
   // Runs once every byte of tensor `t` has landed (and, in an encrypted file, been decrypted).
+  // Without verify_hash a tensor may be split across items, so its header may still be being read
+  // by another worker: nothing here may touch it then. With verify_hash the tensor is one item.
   void on_tensor_complete(size_t t) {
+    if (!opt_.verify_hash) return;
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries[d.entry];
-    const LoadedTensorInfo& info = *r_.loaded[d.entry];
-    if (opt_.verify_hash) verify(e, info, static_cast<const uint8_t*>(d.data), e.data_length);
+    verify(e, *r_.loaded[d.entry], static_cast<const uint8_t*>(d.data), e.data_length);
   }
 
   // ---- Encrypted files: chunks are decrypted as soon as all their bytes have landed ----------
@@ -474,7 +456,7 @@ void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const Loa
     piece = std::min(piece, e.data_length);
     std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(piece, 1)]);
     std::unique_ptr<TensorHasher> hasher = options.verify_hash ? hasher_for(info) : nullptr;
-    const int workers = options.num_workers > 0 ? options.num_workers : usable_cores();
+    const int workers = default_workers(options.num_workers);
     for (; off < e.data_length; off += piece) {
       const uint64_t n = std::min(piece, e.data_length - off);
       impl_->source->read_at(e.data_offset + off, buf.get(), n);

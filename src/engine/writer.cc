@@ -14,7 +14,7 @@
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
-#include "tensorizer/reader.h"
+#include "common/worker_pool.h"
 
 namespace tensorizer {
 namespace {
@@ -40,15 +40,10 @@ struct Planned {
   EncodedTensorHeader header;
 };
 
-// Keeps the first failure of a parallel write, naming the tensor and the sink, and stops the rest.
-void record_write_error(std::mutex& mu, std::atomic<bool>& cancelled, std::exception_ptr& error,
-                        const Planned& p, const Sink& sink, const Error& err) {
-  std::lock_guard<std::mutex> lock(mu);
-  cancelled = true;
-  if (!error)
-    error = std::make_exception_ptr(Error(err.code(), "writing tensor '" +
-                                                          display_path(p.entry.path).substr(0, 200) +
-                                                          "' to '" + sink.uri() + "': " + err.what()));
+// Re-throws a failure of a parallel write naming the tensor and the sink.
+[[noreturn]] void throw_write_error(const Planned& p, const Sink& sink, const Error& err) {
+  throw Error(err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" + sink.uri() +
+                              "': " + err.what());
 }
 
 }  // namespace
@@ -77,7 +72,7 @@ struct Writer::Impl {
   void write_streamed_data(Planned& p, const Writer::Producer& produce);
   void finish_header(Planned& p, TensorHasher* hasher, const crypto::TensorEncryptor* enc);
   int worker_count(size_t tasks) const {
-    int n = options.num_workers > 0 ? options.num_workers : usable_cores();
+    int n = default_workers(options.num_workers);
     return std::max(1, std::min<int>(n, static_cast<int>(std::max<size_t>(tasks, 1))));
   }
 };
@@ -240,66 +235,50 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
 }
 
 void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
-  int workers = options.num_workers > 0 ? options.num_workers : usable_cores();
-  workers = std::max(1, std::min<int>(workers, static_cast<int>(batch.size())));
-  std::atomic<size_t> next{0};
-  std::atomic<bool> cancelled{false};
-  std::mutex mu;
   std::mutex file_mu;  // held while a worker writes to the sink
-  std::exception_ptr error;
   // Largest tensors first: the last tensors the workers take are then small, so no worker is left
   // hashing a large tensor (SHA-256 is sequential) while the others idle.
   std::vector<size_t> order(batch.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return batch[a].entry.data_length > batch[b].entry.data_length; });
-  auto work = [&] {
-    for (;;) {
-      size_t i = next.fetch_add(1);
-      if (i >= batch.size() || cancelled) return;
-      Planned& p = batch[order[i]];
-      try {
-        const auto* data = static_cast<const uint8_t*>(p.req->data);
-        const uint64_t len = p.entry.data_length;
-        EncodedTensorHeader& h = p.header;
-        const bool crc = h.crc32_offset != std::string::npos;
-        const bool sha = h.sha256_offset != std::string::npos;
-        std::unique_ptr<TensorHasher> hasher;
-        if (crc || sha) hasher = std::make_unique<TensorHasher>(crc, sha, h.bytes);
-        // Hash pieces end at 1 MiB file offsets; writes gather them up to 2 MiB file boundaries.
-        // One worker writes at a time (the kernel's file lock would have the other spin): a
-        // worker that finds the file busy hashes on and writes the longer run later.
-        const uint64_t base = p.entry.data_offset;
-        uint64_t written = 0;
-        for (uint64_t off = 0; off < len;) {
-          const uint64_t n = std::min(kHashPieceBytes - (base + off) % kHashPieceBytes, len - off);
-          if (hasher) hasher->update(data + off, n);
-          off += n;
-          if (off < len && (base + off) % kWriteAlignBytes != 0) continue;
-          std::unique_lock<std::mutex> lock(file_mu, std::defer_lock);
-          if (off < len && off - written < kMaxDeferredBytes && !lock.try_lock()) continue;
-          if (!lock.owns_lock()) lock.lock();
-          sink->write_at(base + written, data + written, off - written);
-          written = off;
-        }
-        if (hasher) {
-          hasher->finish();
-          if (crc) codec::store_le<uint32_t>(h.bytes.data() + h.crc32_offset, hasher->crc32());
-          if (sha) std::memcpy(h.bytes.data() + h.sha256_offset, hasher->sha256().data(), 32);
-        }
-        std::lock_guard<std::mutex> lock(file_mu);
-        sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
-      } catch (const Error& err) {
-        record_write_error(mu, cancelled, error, p, *sink, err);
-        return;
+  parallel_for(batch.size(), default_workers(options.num_workers), [&](size_t i) {
+    Planned& p = batch[order[i]];
+    try {
+      const auto* data = static_cast<const uint8_t*>(p.req->data);
+      const uint64_t len = p.entry.data_length;
+      EncodedTensorHeader& h = p.header;
+      const bool crc = h.crc32_offset != std::string::npos;
+      const bool sha = h.sha256_offset != std::string::npos;
+      std::unique_ptr<TensorHasher> hasher;
+      if (crc || sha) hasher = std::make_unique<TensorHasher>(crc, sha, h.bytes);
+      // Hash pieces end at 1 MiB file offsets; writes gather them up to 2 MiB file boundaries.
+      // One worker writes at a time (the kernel's file lock would have the other spin): a
+      // worker that finds the file busy hashes on and writes the longer run later.
+      const uint64_t base = p.entry.data_offset;
+      uint64_t written = 0;
+      for (uint64_t off = 0; off < len;) {
+        const uint64_t n = std::min(kHashPieceBytes - (base + off) % kHashPieceBytes, len - off);
+        if (hasher) hasher->update(data + off, n);
+        off += n;
+        if (off < len && (base + off) % kWriteAlignBytes != 0) continue;
+        std::unique_lock<std::mutex> lock(file_mu, std::defer_lock);
+        if (off < len && off - written < kMaxDeferredBytes && !lock.try_lock()) continue;
+        if (!lock.owns_lock()) lock.lock();
+        sink->write_at(base + written, data + written, off - written);
+        written = off;
       }
+      if (hasher) {
+        hasher->finish();
+        if (crc) codec::store_le<uint32_t>(h.bytes.data() + h.crc32_offset, hasher->crc32());
+        if (sha) std::memcpy(h.bytes.data() + h.sha256_offset, hasher->sha256().data(), 32);
+      }
+      std::lock_guard<std::mutex> lock(file_mu);
+      sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
+    } catch (const Error& err) {
+      throw_write_error(p, *sink, err);
     }
-  };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < workers; ++i) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  });
 }
 
 namespace {
@@ -375,42 +354,29 @@ void Writer::Impl::write_encrypted(std::vector<Planned>& batch) {
     jobs[t].tasks_left = (chunks + kSealTaskChunks - 1) / kSealTaskChunks + (separate_hash ? 1 : 0);
   }
 
-  std::atomic<size_t> next{0};
-  std::atomic<bool> cancelled{false};
-  std::mutex mu;
-  std::exception_ptr error;
-  auto work = [&] {
-    std::unique_ptr<uint8_t[]> staging;
-    for (;;) {
-      size_t i = next.fetch_add(1);
-      if (i >= tasks.size() || cancelled) return;
-      const Task& task = tasks[i];
-      Planned& p = batch[task.tensor];
-      Job& job = jobs[task.tensor];
-      try {
-        const auto* src = static_cast<const uint8_t*>(p.req->data);
-        const uint64_t len = p.entry.data_length;
-        if (task.hash && task.chunks == 0 && job.hasher && len > 0) job.hasher->update(src, len);
-        for (uint64_t c = task.first; c < task.first + task.chunks; ++c) {
-          if (!staging) staging.reset(new uint8_t[crypto::kChunkSize]);
-          const uint64_t off = c * crypto::kChunkSize, n = std::min(crypto::kChunkSize, len - off);
-          if (task.hash) job.hasher->update(src + off, n);  // the tensor's only task: in order
-          job.enc->encrypt_chunk(c, src + off, staging.get(), n);
-          sink->write_at(p.entry.data_offset + off, staging.get(), n);
-        }
-        if (job.tasks_left.fetch_sub(1) == 1) finish_header(p, job.hasher.get(), job.enc.get());
-      } catch (const Error& err) {
-        record_write_error(mu, cancelled, error, p, *sink, err);
-        return;
-      }
-    }
-  };
   const int workers = worker_count(tasks.size());
-  std::vector<std::thread> threads;
-  for (int i = 1; i < workers; ++i) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  std::vector<std::unique_ptr<uint8_t[]>> stagings(static_cast<size_t>(std::max(workers, 1)));
+  parallel_for_workers(tasks.size(), workers, [&](size_t i, int worker) {
+    std::unique_ptr<uint8_t[]>& staging = stagings[static_cast<size_t>(worker)];
+    const Task& task = tasks[i];
+    Planned& p = batch[task.tensor];
+    Job& job = jobs[task.tensor];
+    try {
+      const auto* src = static_cast<const uint8_t*>(p.req->data);
+      const uint64_t len = p.entry.data_length;
+      if (task.hash && task.chunks == 0 && job.hasher && len > 0) job.hasher->update(src, len);
+      for (uint64_t c = task.first; c < task.first + task.chunks; ++c) {
+        if (!staging) staging.reset(new uint8_t[crypto::kChunkSize]);
+        const uint64_t off = c * crypto::kChunkSize, n = std::min(crypto::kChunkSize, len - off);
+        if (task.hash) job.hasher->update(src + off, n);  // the tensor's only task: in order
+        job.enc->encrypt_chunk(c, src + off, staging.get(), n);
+        sink->write_at(p.entry.data_offset + off, staging.get(), n);
+      }
+      if (job.tasks_left.fetch_sub(1) == 1) finish_header(p, job.hasher.get(), job.enc.get());
+    } catch (const Error& err) {
+      throw_write_error(p, *sink, err);
+    }
+  });
 }
 
 // One tensor whose bytes come from `produce`: hashed as they arrive; when encrypting, gathered

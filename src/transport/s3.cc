@@ -22,6 +22,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 #include "transport/curl_util.h"
 #include "transport/http.h"
@@ -242,37 +243,19 @@ class S3Sink final : public Sink {
       part = (part + 4095) / 4096 * 4096;
       const size_t parts = static_cast<size_t>((size + part - 1) / part);
       std::vector<std::string> etags(parts);
-      std::atomic<size_t> next{0};
-      std::atomic<bool> failed{false};
-      std::mutex mu;
-      std::exception_ptr error;
-      auto work = [&] {
-        net::CurlEasy ph = net::make_easy();
-        for (;;) {
-          size_t i = next.fetch_add(1);
-          if (i >= parts || failed) return;
-          try {
-            const uint64_t off = i * part, len = std::min(part, size - off);
-            Response r = with_retries(options_, target_, "uploading part " + std::to_string(i + 1), [&] {
-              BodyReader body{staging_.fd(), off, len};
-              return request(ph.get(), target_, options_, "PUT",
-                             "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body, nullptr);
-            });
-            etags[i] = r.meta.etag;
-          } catch (...) {
-            std::lock_guard<std::mutex> lock(mu);
-            failed = true;
-            if (!error) error = std::current_exception();
-            return;
-          }
-        }
-      };
-      std::vector<std::thread> threads;
-      const int n = static_cast<int>(std::min<size_t>(kUploadThreads, parts));
-      for (int i = 1; i < n; ++i) threads.emplace_back(work);
-      work();
-      for (auto& t : threads) t.join();
-      if (error) std::rethrow_exception(error);
+      const int workers = static_cast<int>(std::min<size_t>(kUploadThreads, parts));
+      std::vector<net::CurlEasy> handles(static_cast<size_t>(workers));  // a connection per worker
+      parallel_for_workers(parts, workers, [&](size_t i, int w) {
+        net::CurlEasy& ph = handles[static_cast<size_t>(w)];
+        if (!ph) ph = net::make_easy();
+        const uint64_t off = i * part, len = std::min(part, size - off);
+        Response r = with_retries(options_, target_, "uploading part " + std::to_string(i + 1), [&] {
+          BodyReader body{staging_.fd(), off, len};
+          return request(ph.get(), target_, options_, "PUT",
+                         "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body, nullptr);
+        });
+        etags[i] = r.meta.etag;
+      });
       std::string xml = "<CompleteMultipartUpload>";
       for (size_t i = 0; i < parts; ++i)
         xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags[i] + "</ETag></Part>";

@@ -175,6 +175,21 @@ TEST_P(HostLoadTest, VerifyHashCatchesAFlippedByteOnEveryRoute) {
   }
 }
 
+TEST_P(HostLoadTest, AFileTruncatedAfterOpenFailsOnEveryRoute) {
+  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy}) {
+    SCOPED_TRACE(static_cast<int>(route));
+    write_samples(path_, ts_, GetParam());
+    auto r = Reader::open(path_);
+    ASSERT_EQ(::truncate(path_.c_str(), static_cast<off_t>(r->entries()[0].data_offset + 1000)), 0);
+    try {
+      load_to_host(*r, all_entries(*r), {}, route);
+      ADD_FAILURE() << "a truncated file loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path_), std::string::npos) << e.what();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, HostLoadTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "aligned" : "unaligned"; });
 
