@@ -94,7 +94,10 @@ class Reader {
   // Header details of a tensor that has been loaded or had its header read (nullptr before).
   const LoadedTensorInfo* loaded_info(size_t entry) const;
   Source& source();
+  // Bytes this reader took from its object: through source(), plus what routes that read the file
+  // themselves (mapped, direct I/O) reported with count_bytes_read().
   uint64_t bytes_read() const;
+  void count_bytes_read(uint64_t n);
 
   struct Impl;  // opaque; defined in reader.cc
 

@@ -25,6 +25,25 @@ namespace {
 
 using tensorizer::Reader;
 
+// The DLPack dtype of a stored little-endian dtype string that torch takes from DLPack as is;
+// nullopt for the rest (big-endian, complex32, float8: loaded as bytes and viewed in Python).
+std::optional<nb::dlpack::dtype> dlpack_dtype(const std::string& stored) {
+  using code = nb::dlpack::dtype_code;
+  tensorizer::DType d = tensorizer::parse_dtype(stored);
+  if (d.byte_order == '>') return std::nullopt;
+  static const std::pair<const char*, std::pair<code, uint8_t>> kKnown[] = {
+      {"torch.float16", {code::Float, 16}},  {"torch.float32", {code::Float, 32}},
+      {"torch.float64", {code::Float, 64}},  {"torch.bfloat16", {code::Bfloat, 16}},
+      {"torch.int8", {code::Int, 8}},        {"torch.int16", {code::Int, 16}},
+      {"torch.int32", {code::Int, 32}},      {"torch.int64", {code::Int, 64}},
+      {"torch.uint8", {code::UInt, 8}},      {"torch.bool", {code::Bool, 8}},
+      {"torch.complex64", {code::Complex, 64}}, {"torch.complex128", {code::Complex, 128}}};
+  const std::string name = d.torch_name();
+  for (const auto& [torch_name, dl] : kKnown)
+    if (name == torch_name) return nb::dlpack::dtype{static_cast<uint8_t>(dl.first), dl.second, 1};
+  return std::nullopt;
+}
+
 // Owns a Reader; serializes loads from several Python threads (the GIL is released meanwhile).
 class PyReader {
  public:
@@ -101,7 +120,8 @@ class PyReader {
 
   // Loads entries[i] into memory the engine owns, by the route `route` asks for ("auto", "map",
   // "direct", "copy"; see tensorizer/host_load.h); returns, per tensor, a 1-D uint8 torch tensor
-  // owning its bytes, the same header tuple as load(), and the route taken.
+  // owning its bytes (typed and shaped where DLPack can say the dtype, else 1-D uint8), the same
+  // header tuple as load(), and the route taken.
   nb::list load_host(const std::vector<size_t>& indices, int num_workers, bool verify_hash,
                      const std::string& route) {
     static const std::pair<const char*, tensorizer::HostRoute> kRoutes[] = {
@@ -122,10 +142,17 @@ class PyReader {
       loaded = tensorizer::load_to_host(r, indices, opt, found->second);
     }
     nb::list out;
+    std::vector<size_t> shape;
     for (auto& t : loaded) {
       auto* keep = new std::shared_ptr<void>(std::move(t.owner));
       nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
-      nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>> arr(t.data, {t.size}, owner);
+      // Typed and shaped when DLPack names the dtype (one object, no views in Python); else bytes.
+      const auto& e = r.entries()[t.entry];
+      const auto dtype = dlpack_dtype(e.dtype);
+      if (dtype) shape.assign(e.shape.begin(), e.shape.end());
+      else shape.assign({t.size});
+      nb::ndarray<nb::pytorch> arr(t.data, shape.size(), shape.data(), owner, nullptr,
+                                   dtype.value_or(nb::dtype<uint8_t>()));
       out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), info_tuple(*r.loaded_info(t.entry)),
                                 tensorizer::to_string(t.via)));
     }

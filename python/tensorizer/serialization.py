@@ -458,7 +458,10 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         indices = [r.index for r in records]
         if self._route is not None:
             loaded = self._reader.load_host(indices, self._num_readers, verify_hash, self._route)
-            tensors = [raw.view(r.dtype.torch).view(r.entry.shape) for (raw, _, _), r in zip(loaded, records)]
+            tensors = [
+                raw if raw.dtype == r.dtype.torch else raw.view(r.dtype.torch).view(r.entry.shape)
+                for (raw, _, _), r in zip(loaded, records)
+            ]
             infos = [info for _, info, _ in loaded]
             for path, (_, _, via) in zip(paths, loaded):
                 self._loaded_via[path] = via

@@ -39,10 +39,11 @@ double Residency::fraction(uint64_t offset, uint64_t length) const {
   const uint64_t page = page_size();
   const uint64_t first = offset / page, last = (offset + length - 1) / page;
   const uint64_t pages = last - first + 1;
-  const uint64_t samples = std::min<uint64_t>(pages, kSamples);
+  // One sample per 2 MiB (a page-cache folio at most), at least one and at most kSamples.
+  const uint64_t samples = std::clamp<uint64_t>(pages / 512, 1, kSamples);
   size_t resident = 0;
   for (uint64_t k = 0; k < samples; ++k) {
-    const uint64_t at = first + (samples == 1 ? 0 : k * (pages - 1) / (samples - 1));
+    const uint64_t at = first + (2 * k + 1) * pages / (2 * samples);  // the middles of equal parts
     unsigned char v = 0;
     if (mincore(map_ + at * page, page, &v) != 0) return 1.0;
     resident += v & 1;

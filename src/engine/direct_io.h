@@ -16,11 +16,11 @@ class Residency {
   ~Residency();
   Residency(const Residency&) = delete;
   Residency& operator=(const Residency&) = delete;
-  // Fraction (0..1) of [offset, offset+length) in the page cache, judged from up to kSamples
-  // pages spread evenly over it (asking for every page of a large file costs milliseconds);
+  // Fraction (0..1) of [offset, offset+length) in the page cache, judged from one page per 2 MiB
+  // (1 to kSamples pages, spread evenly; asking for every page of a large file costs milliseconds);
   // 1 when the kernel cannot tell (then mapping is the safe guess).
   double fraction(uint64_t offset, uint64_t length) const;
-  static constexpr uint64_t kSamples = 16;
+  static constexpr uint64_t kSamples = 8;
 
  private:
   uint8_t* map_ = nullptr;

@@ -20,7 +20,7 @@ using engine::HostBlock;
 constexpr uint64_t kAlignment = 64;               // where every result starts
 constexpr uint64_t kDirectPiece = 16ull << 20;    // one direct read
 constexpr uint64_t kMaxRunGap = 1ull << 20;       // skip gaps larger than this between direct reads
-constexpr double kMappedIfResident = 0.5;         // map a tensor when this much of it is cached
+constexpr double kMappedIfResident = 0.5;         // map a tensor when more than this is cached
 constexpr int kMinDirectReads = 8;                // direct reads in flight, even on few cores
 constexpr int kMaxDirectReads = 16;
 
@@ -89,6 +89,7 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
   parallel_for(pieces.size(), readers, [&](size_t i) {
     const Piece& p = pieces[i];
     file.read(block->data() + p.block_offset, p.offset, p.length, p.required, what);
+    r.count_bytes_read(p.required);
   });
 
   parallel_for(entries.size(), default_workers(opt.num_workers), [&](size_t k) {
@@ -160,7 +161,7 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
     bool map = mappable, dio = false;
     if (route == HostRoute::kAuto && (mappable || directable)) {
       if (!residency) residency = std::make_unique<engine::Residency>(fd);
-      const bool resident = residency->fraction(e.data_offset, e.data_length) >= kMappedIfResident;
+      const bool resident = residency->fraction(e.data_offset, e.data_length) > kMappedIfResident;
       dio = directable && !resident;
       map = mappable && !dio;  // cached, or cold without direct I/O: readahead beats copies
     } else if (route == HostRoute::kDirect) {

@@ -68,6 +68,7 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
     // The header, from the mapping: checked against the index; module index, hashes.
     reader.adopt_header(entry, std::string(reinterpret_cast<const char*>(block->data() + e.header_offset),
                                            e.header_size()));
+    reader.count_bytes_read(e.header_size() + e.data_length);
     uint8_t* data = block->data() + e.data_offset;
     out.push_back({entry, data, engine::block_view(block, data, e.data_length)});
   }

@@ -72,6 +72,7 @@ struct Reader::Impl {
   std::optional<DecryptionParams> decryption;
   crypto::KeyCache key_cache;
   std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
+  std::atomic<uint64_t> bytes_read_elsewhere{0};  // by mapped and direct loads
 };
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -126,7 +127,10 @@ const FileHeader& Reader::header() const { return impl_->header; }
 const std::vector<IndexEntry>& Reader::entries() const { return impl_->entries; }
 const std::string& Reader::uri() const { return impl_->source->uri(); }
 Source& Reader::source() { return *impl_->source; }
-uint64_t Reader::bytes_read() const { return impl_->source->bytes_read(); }
+uint64_t Reader::bytes_read() const {
+  return impl_->source->bytes_read() + impl_->bytes_read_elsewhere;
+}
+void Reader::count_bytes_read(uint64_t n) { impl_->bytes_read_elsewhere += n; }
 const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
   return entry < impl_->loaded.size() ? impl_->loaded[entry].get() : nullptr;
 }

@@ -91,7 +91,8 @@ def test_cold_file_is_read_direct_with_the_same_bytes(written):
     with TensorDeserializer(str(path), device="cpu") as d:
         _assert_equal(d, sd)
         routes = _routes(d)
-    assert routes["big.f16"] == routes["big.bf16"] == routes["small"] == "direct"
+    # Large tensors; small ones near the index may have come into the page cache with it.
+    assert routes["big.f16"] == routes["big.bf16"] == routes["odd.i64"] == "direct"
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
