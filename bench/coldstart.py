@@ -112,7 +112,8 @@ def table(results):
     ours = {s: rate(by.get(("ours (defaults)", s))) for s in STATES}
     lines = [
         "| fresh process, one load + first touch | warm cache GB/s (min–max) | s | ours ÷ row | "
-        "dropped cache GB/s (min–max) | s | ours ÷ row | private RSS held GB | page cache after GB | peak GB |",
+        "dropped cache GB/s (min–max) | s | ours ÷ row | memory held GB, warm: private + page cache | "
+        "cold: private + page cache | peak RSS GB (cold) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label in labels:
@@ -125,8 +126,10 @@ def table(results):
                 continue
             ratio = f"{ours[s][0] / r[0]:.2f}×" if ours[s] else "–"
             cells += [f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})", f"{r[3]:.3f}", ratio]
-        cold = by.get((label, "cold")) or {}
-        cells += [_gb(cold.get("anon_held")), _gb(cold.get("cached_after")), _gb(cold.get("load_peak"))]
+        for s in STATES:
+            m = by.get((label, s)) or {}
+            cells.append(f"{_gb(m.get('anon_held'))} + {_gb(m.get('cached_after'))}")
+        cells.append(_gb((by.get((label, "cold")) or {}).get("load_peak")))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

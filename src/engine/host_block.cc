@@ -12,7 +12,7 @@
 
 namespace tensorizer::engine {
 
-std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size) {
+std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size, bool huge_pages) {
   size_t rounded = (size + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   if (rounded == 0) rounded = kHugePageBytes;
   const size_t padded = rounded + kHugePageBytes;
@@ -27,7 +27,7 @@ std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size) {
   const uintptr_t end = aligned + rounded;
   if (begin + padded > end) munmap(reinterpret_cast<void*>(end), begin + padded - end);
   auto* data = reinterpret_cast<uint8_t*>(aligned);
-  madvise(data, rounded, MADV_HUGEPAGE);  // best effort
+  if (huge_pages) madvise(data, rounded, MADV_HUGEPAGE);  // best effort
   return std::shared_ptr<HostBlock>(new HostBlock(data, rounded));
 }
 

@@ -71,7 +71,7 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
     run_of[k] = runs.size() - 1;
   }
   total += runs.back().end - runs.back().begin;
-  auto block = HostBlock::anonymous(total);
+  auto block = HostBlock::anonymous(total, /*huge_pages=*/true);
 
   struct Piece {
     uint64_t offset, length, required, block_offset;
@@ -116,11 +116,13 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
     offsets[k] = total;
     total = align_up(total + r.entries()[entries[k]].expected_bytes(), kAlignment);
   }
-  auto block = HostBlock::anonymous(total);
+  auto block = HostBlock::anonymous(total, /*huge_pages=*/false);
   std::vector<TensorDestination> dests;
   dests.reserve(entries.size());
   for (size_t k = 0; k < entries.size(); ++k) dests.push_back({entries[k], block->data() + offsets[k]});
-  r.load(dests, opt);
+  LoadOptions copy_options = opt;
+  copy_options.advise_huge_pages = false;  // see HostBlock::anonymous
+  r.load(dests, copy_options);
   for (size_t k = 0; k < entries.size(); ++k) {
     const size_t n = r.entries()[entries[k]].expected_bytes();
     uint8_t* data = block->data() + offsets[k];
