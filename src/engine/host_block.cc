@@ -2,7 +2,6 @@
 #include "engine/host_block.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -43,9 +42,11 @@ HostBlock::~HostBlock() { munmap(data_, size_); }
 std::shared_ptr<void> block_view(std::shared_ptr<HostBlock> block, uint8_t* data, size_t size) {
   return std::shared_ptr<void>(data, [block = std::move(block), size](void* p) mutable {
     if (block.use_count() > 1) {  // others still use the block: give back this range's pages now
-      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+      // Whole 2 MiB pages only: releasing part of one would split a huge mapping, which costs
+      // more than the memory is worth (the rest goes with the block).
       const uintptr_t b = reinterpret_cast<uintptr_t>(p);
-      const uintptr_t first = (b + page - 1) / page * page, last = (b + size) / page * page;
+      const uintptr_t first = (b + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+      const uintptr_t last = (b + size) / kHugePageBytes * kHugePageBytes;
       if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     }
     block.reset();

@@ -29,8 +29,8 @@ class HostBlock {
   size_t size_;
 };
 
-// An owner for [data, data+size) inside `block`: when it goes, the pages wholly inside the range
-// are given back to the kernel at once, and `block` is unmapped with its last view.
+// An owner for [data, data+size) inside `block`: when it goes, the 2 MiB pages wholly inside the
+// range are given back to the kernel at once, and `block` is unmapped with its last view.
 std::shared_ptr<void> block_view(std::shared_ptr<HostBlock> block, uint8_t* data, size_t size);
 
 }  // namespace tensorizer::engine
