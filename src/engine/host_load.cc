@@ -5,10 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include "common/worker_pool.h"
 #include "engine/direct_io.h"
 #include "engine/host_block.h"
 #include "engine/verify_tensor.h"
-#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 #include "tensorizer/mapped_load.h"
 

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/worker_pool.h"
 #include "engine/host_block.h"
 #include "engine/verify_tensor.h"
-#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 
 #ifndef MADV_POPULATE_READ

@@ -9,8 +9,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "crypto/tensor_crypto.h"
 #include "common/worker_pool.h"
+#include "crypto/tensor_crypto.h"
 #include "engine/huge_pages.h"
 #include "engine/planner.h"
 #include "tensorizer/error.h"

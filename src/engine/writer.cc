@@ -10,11 +10,11 @@
 
 #include "codec/bytes.h"
 #include "codec/path_rules.h"
+#include "common/worker_pool.h"
 #include "crypto/tensor_crypto.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
-#include "common/worker_pool.h"
 
 namespace tensorizer {
 namespace {
