@@ -26,7 +26,11 @@ struct MappedTensor {
   std::shared_ptr<void> owner;  // unmaps when the last copy is gone
 };
 
-// Whether map_tensors() can serve this entry of this reader.
+// Whether the entry's stored bytes are exactly its plaintext, non-empty, in a local file (what
+// any route reading the file itself needs).
+bool plain_local(Reader& reader, const IndexEntry& entry);
+
+// Whether map_tensors() can serve this entry of this reader (plain_local and 64-byte aligned).
 bool can_map(Reader& reader, size_t entry);
 
 // Maps the given entries (each must pass can_map) and pre-faults them with

@@ -27,12 +27,6 @@ constexpr int kMaxDirectReads = 16;
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Whether the tensor's stored bytes are exactly its plaintext, in a local file.
-bool plain_local(Reader& r, const IndexEntry& e) {
-  return !r.encrypted() && r.source().local_fd() >= 0 && !e.is_meta() && e.data_length > 0 &&
-         e.data_length == e.expected_bytes();
-}
-
 // Whether the direct route can serve the tensor: its data can be moved down to a 64-byte
 // boundary without touching the previous tensor (only its own header lies below it).
 bool can_direct(Reader& r, const IndexEntry& e) {

@@ -39,11 +39,14 @@ void populate(uint8_t* p, size_t n) {
 
 }  // namespace
 
+bool plain_local(Reader& reader, const IndexEntry& e) {
+  return !reader.encrypted() && reader.source().local_fd() >= 0 && !e.is_meta() && e.data_length > 0 &&
+         e.data_length == e.expected_bytes();
+}
+
 bool can_map(Reader& reader, size_t entry) {
-  if (entry >= reader.entries().size() || reader.encrypted() || reader.source().local_fd() < 0)
-    return false;
-  const IndexEntry& e = reader.entries()[entry];
-  return e.data_length > 0 && e.data_length == e.expected_bytes() && e.data_offset % kDataAlignment == 0;
+  return entry < reader.entries().size() && plain_local(reader, reader.entries()[entry]) &&
+         reader.entries()[entry].data_offset % kDataAlignment == 0;
 }
 
 std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>& entries,

@@ -15,12 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
-#include <thread>
 
 #include "common/worker_pool.h"
 #include "tensorizer/error.h"

@@ -30,6 +30,15 @@ def fixture_files():
     return out
 
 
+def save_state_dict(path, sd) -> pathlib.Path:
+    """Writes `sd` to `path` with our TensorSerializer; returns the path."""
+    from tensorizer import TensorSerializer
+
+    with TensorSerializer(str(path)) as s:
+        s.write_state_dict(sd)
+    return pathlib.Path(path)
+
+
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """The C-contiguous little-endian bytes of a tensor (what .tensors stores)."""
     t = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous()

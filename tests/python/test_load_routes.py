@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from conftest import FIXTURES_ROOT, tensor_bytes
-from tensorizer import TensorDeserializer, TensorSerializer
+from conftest import FIXTURES_ROOT, save_state_dict, tensor_bytes
+from tensorizer import TensorDeserializer
 from tensorizer.serialization import HashMismatchError
 
 REF_DIR = FIXTURES_ROOT / "tensorizer-2.11.1"
@@ -60,10 +60,7 @@ def _routes(d):
 @pytest.fixture()
 def written(tmp_path):
     sd = _state_dict()
-    path = tmp_path / "m.tensors"
-    with TensorSerializer(str(path)) as s:
-        s.write_state_dict(sd)
-    return path, sd
+    return save_state_dict(tmp_path / "m.tensors", sd), sd
 
 
 def _assert_equal(d, sd):
@@ -117,17 +114,14 @@ def test_tensors_survive_delete_rename_replace_and_close(written, tmp_path):
         d = TensorDeserializer(str(path), device="cpu")
         tensors = dict(d.items())
         d.close()
-        other = tmp_path / "other.tensors"
-        with TensorSerializer(str(other)) as s:
-            s.write_state_dict(_state_dict(seed=99))
+        other = save_state_dict(tmp_path / "other.tensors", _state_dict(seed=99))
         os.replace(other, path)  # replaced by rename, as writers and download tools do
         for k, t in sd.items():
             assert tensor_bytes(tensors[k]) == tensor_bytes(t), k
         os.unlink(path)  # deleted
         for k, t in sd.items():
             assert tensor_bytes(tensors[k]) == tensor_bytes(t), k
-        with TensorSerializer(str(path)) as s:  # back for the next state
-            s.write_state_dict(sd)
+        save_state_dict(path, sd)  # back for the next state
 
 
 def test_writes_to_mapped_tensors_stay_private(written):

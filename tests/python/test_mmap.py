@@ -7,8 +7,8 @@ import hashlib
 import pytest
 import torch
 
-from conftest import fixture_files, tensor_bytes
-from tensorizer import TensorDeserializer, TensorSerializer
+from conftest import fixture_files, save_state_dict, tensor_bytes
+from tensorizer import TensorDeserializer
 from tensorizer.serialization import HashMismatchError
 
 
@@ -27,10 +27,7 @@ def _state_dict():
 @pytest.fixture()
 def written(tmp_path):
     sd = _state_dict()
-    path = tmp_path / "m.tensors"
-    with TensorSerializer(str(path)) as s:
-        s.write_state_dict(sd)
-    return path, sd
+    return save_state_dict(tmp_path / "m.tensors", sd), sd
 
 
 @pytest.mark.parametrize("verify", [False, True])
