@@ -93,6 +93,11 @@ class Reader {
   const LoadedTensorInfo& adopt_header(size_t entry, std::string header_bytes);
   // Header details of a tensor that has been loaded or had its header read (nullptr before).
   const LoadedTensorInfo* loaded_info(size_t entry) const;
+  // Decrypts in place `size` bytes of tensor `entry`'s data that start `offset` bytes into it (a
+  // multiple of the encryption chunk size; whole chunks, the last may be the tensor's short one),
+  // using the crypt info of its header (read_header or adopt_header first). Throws kCrypto on a
+  // MAC failure. Does nothing in an unencrypted file. Safe for different entries concurrently.
+  void decrypt_in_place(size_t entry, uint64_t offset, uint8_t* data, uint64_t size);
   Source& source();
   // Bytes this reader took from its object: through source(), plus what routes that read the file
   // themselves (mapped, direct I/O) reported with count_bytes_read().

@@ -11,51 +11,24 @@
 
 #include "common/worker_pool.h"
 #include "crypto/tensor_crypto.h"
+#include "engine/destinations.h"
 #include "engine/huge_pages.h"
 #include "engine/planner.h"
+#include "engine/verify_tensor.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
 
 namespace tensorizer {
 namespace {
 
+using engine::hash_failures;
+using engine::hasher_for;
+
 constexpr uint64_t kFirstReadBytes = 512 * 1024;      // prelude + a reference-sized index
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
 constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
 
 std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr(0, 200); }
-
-// A hasher for the hashes `info`'s header stores, fed its hashable header; null when it has none.
-std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info) {
-  const TensorHeader& h = info.header;
-  bool crc = false, sha = false;
-  for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
-  if (!crc && !sha) return nullptr;
-  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-  return std::make_unique<TensorHasher>(crc, sha, hashable_header(raw, info.header_bytes.size(), h));
-}
-
-// Finishes `hasher` (fed header then data) and describes every stored hash it disagrees with.
-std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
-  hasher.finish();
-  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-  std::string failures;
-  for (const auto& hv : info.header.hashes) {
-    std::string stored = to_hex(raw + hv.value_offset, hv.value_size), computed;
-    if (hv.type == HashType::kCrc32) {
-      uint32_t c = hasher.crc32();
-      uint8_t le[4];
-      std::memcpy(le, &c, 4);
-      computed = to_hex(le, 4);
-    } else {
-      computed = to_hex(hasher.sha256().data(), 32);
-    }
-    if (stored == computed) continue;
-    failures += std::string(failures.empty() ? "" : "; ") + (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") +
-                " stored " + stored + ", computed " + computed;
-  }
-  return failures;
-}
 
 // Re-throws `err` with the tensor and source it concerns prepended.
 [[noreturn]] void rethrow_with_context(const Error& err, const std::string& context) {
@@ -169,6 +142,22 @@ const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string header_by
   info->module_idx = info->header.module_idx;
   impl_->loaded[entry] = std::move(info);
   return *impl_->loaded[entry];
+}
+
+void Reader::decrypt_in_place(size_t entry, uint64_t offset, uint8_t* data, uint64_t size) {
+  if (!encrypted() || size == 0) return;
+  if (!impl_->decryption)
+    fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
+  const IndexEntry& e = impl_->entries[entry];
+  const LoadedTensorInfo* info = loaded_info(entry);
+  if (!info) fail(ErrorCode::kInvalidArgument, "internal: decrypting a tensor whose header was not read");
+  auto dec = crypto::TensorDecryptor::create(
+      info->header.crypt_info(reinterpret_cast<const uint8_t*>(info->header_bytes.data())), e.data_length,
+      *impl_->decryption, impl_->key_cache);
+  if (!dec) fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
+  if (offset % dec->chunk_size() != 0 || offset + size > e.data_length)
+    fail(ErrorCode::kInvalidArgument, "internal: decryption range is not whole chunks of the tensor");
+  dec->decrypt_chunks(offset / dec->chunk_size(), data, size, 1);
 }
 
 std::optional<size_t> Reader::find(std::string_view name) const {
@@ -422,16 +411,7 @@ class LoadJob {
 }  // namespace
 
 LoadResult Reader::load(const std::vector<TensorDestination>& destinations, const LoadOptions& options) {
-  std::vector<bool> seen(impl_->entries.size(), false);
-  for (const auto& d : destinations) {
-    if (d.entry >= impl_->entries.size())
-      fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(d.entry) + " out of range");
-    if (seen[d.entry])
-      fail(ErrorCode::kInvalidArgument, "tensor '" + shown_name(impl_->entries[d.entry]) + "' requested twice");
-    seen[d.entry] = true;
-    if (!d.data && impl_->entries[d.entry].expected_bytes() > 0)
-      fail(ErrorCode::kInvalidArgument, "no destination for tensor '" + shown_name(impl_->entries[d.entry]) + "'");
-  }
+  engine::check_destinations(*this, destinations);
   if (destinations.empty()) return {};
   if (encrypted() && !impl_->decryption)
     fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");

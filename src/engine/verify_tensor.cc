@@ -1,33 +1,53 @@
-// Hash check of a tensor loaded in one piece (see verify_tensor.h).
+// Hash checks of loaded tensors (see verify_tensor.h).
 #include "engine/verify_tensor.h"
 
 #include <cstring>
 #include <string>
 
 #include "tensorizer/error.h"
-#include "tensorizer/hash.h"
 
 namespace tensorizer::engine {
+
+std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info) {
+  const TensorHeader& h = info.header;
+  bool crc = false, sha = false;
+  for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
+  if (!crc && !sha) return nullptr;
+  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+  return std::make_unique<TensorHasher>(crc, sha, hashable_header(raw, info.header_bytes.size(), h));
+}
+
+std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
+  hasher.finish();
+  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+  std::string failures;
+  for (const auto& hv : info.header.hashes) {
+    std::string stored = to_hex(raw + hv.value_offset, hv.value_size), computed;
+    if (hv.type == HashType::kCrc32) {
+      uint32_t c = hasher.crc32();
+      uint8_t le[4];
+      std::memcpy(le, &c, 4);
+      computed = to_hex(le, 4);
+    } else {
+      computed = to_hex(hasher.sha256().data(), 32);
+    }
+    if (stored == computed) continue;
+    failures += std::string(failures.empty() ? "" : "; ") + (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") +
+                " stored " + stored + ", computed " + computed;
+  }
+  return failures;
+}
 
 void verify_tensor(Reader& reader, size_t entry, const uint8_t* data) {
   const IndexEntry& e = reader.entries()[entry];
   const LoadedTensorInfo& info = *reader.loaded_info(entry);
-  bool crc = false, sha = false;
-  for (const auto& hv : info.header.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
-  if (!crc && !sha) return;
-  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-  TensorHasher hasher(crc, sha, hashable_header(raw, info.header_bytes.size(), info.header));
-  hasher.update(data, e.data_length);
-  hasher.finish();
-  const uint32_t crc32 = hasher.crc32();
-  for (const auto& hv : info.header.hashes) {
-    const bool ok = hv.type == HashType::kCrc32 ? std::memcmp(raw + hv.value_offset, &crc32, 4) == 0
-                                                : std::memcmp(raw + hv.value_offset, hasher.sha256().data(), 32) == 0;
-    if (!ok)
-      fail(ErrorCode::kHashMismatch, std::string(hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") +
-                                         " mismatch for tensor '" + display_path(e.path) + "' in '" +
-                                         reader.uri() + "'");
-  }
+  std::unique_ptr<TensorHasher> hasher = hasher_for(info);
+  if (!hasher) return;
+  hasher->update(data, e.data_length);
+  const std::string failures = hash_failures(info, *hasher);
+  if (!failures.empty())
+    fail(ErrorCode::kHashMismatch, "hash mismatch for tensor '" + display_path(e.path) + "' in '" + reader.uri() +
+                                       "': " + failures);
 }
 
 }  // namespace tensorizer::engine
