@@ -19,6 +19,7 @@
 #include "tensorizer/error.h"
 #include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
+#include "tensorizer/staged_load.h"
 
 namespace tzpy {
 namespace {
@@ -115,6 +116,35 @@ class PyReader {
       if (info) out.append(info_tuple(*info));
       else out.append(nb::none());
     }
+    return out;
+  }
+
+  // Loads entries[i] into addresses[i] through the staging ring (tensorizer/staged_load.h): device
+  // memory of CUDA device `device`, or, with device -1, any host memory via the host backend.
+  // `cudart` names the CUDA runtime library to use when not empty. Returns what load() returns.
+  nb::list load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses, int device,
+                       int num_workers, bool verify_hash, uint64_t ring_bytes, const std::string& cudart) {
+    if (indices.size() != addresses.size()) throw nb::value_error("indices and addresses differ in length");
+    std::vector<tensorizer::TensorDestination> dests;
+    dests.reserve(indices.size());
+    for (size_t k = 0; k < indices.size(); ++k)
+      dests.push_back({indices[k], reinterpret_cast<void*>(addresses[k])});
+    tensorizer::LoadOptions opt;
+    opt.num_workers = num_workers;
+    opt.verify_hash = verify_hash;
+    tensorizer::StagingOptions staging;
+    if (ring_bytes) staging.ring_bytes = ring_bytes;
+    std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
+    Reader& r = get();
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      auto backend = device < 0 ? tensorizer::host_copy_backend() : tensorizer::cuda_copy_backend(device, 4, cudart);
+      tensorizer::load_staged(r, dests, *backend, opt, staging);
+      for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
+    }
+    nb::list out;
+    for (const auto* info : infos) out.append(info ? nb::object(info_tuple(*info)) : nb::none());
     return out;
   }
 
@@ -243,6 +273,9 @@ void register_reader(nb::module_& m) {
       .def("entries", &PyReader::entries)
       .def("load", &PyReader::load, nb::arg("indices"), nb::arg("addresses"),
            nb::arg("num_workers") = 0, nb::arg("verify_hash") = false)
+      .def("load_staged", &PyReader::load_staged, nb::arg("indices"), nb::arg("addresses"), nb::arg("device"),
+           nb::arg("num_workers") = 0, nb::arg("verify_hash") = false, nb::arg("ring_bytes") = 0,
+           nb::arg("cudart") = "")
       .def("load_host", &PyReader::load_host, nb::arg("indices"), nb::arg("num_workers") = 0,
            nb::arg("verify_hash") = false, nb::arg("route") = "auto")
       .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))

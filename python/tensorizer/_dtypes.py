@@ -6,7 +6,7 @@ maps names to ``torch.dtype`` objects. No I/O here.
 
 import functools
 import warnings
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import numpy
 import torch
@@ -18,13 +18,13 @@ _torch_empty = torch.empty
 _COMPLEX32 = getattr(torch, "complex32", None)
 
 
-def empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor (the destination of a load)."""
+def empty(shape, dtype: torch.dtype, device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+    """An uninitialised tensor (the destination of a load)."""
     if dtype is _COMPLEX32:
         with warnings.catch_warnings():  # "ComplexHalf support is experimental"
             warnings.simplefilter("ignore", UserWarning)
-            return _torch_empty(shape, dtype=dtype, device="cpu")
-    return _torch_empty(shape, dtype=dtype, device="cpu")
+            return _torch_empty(shape, dtype=dtype, device=device)
+    return _torch_empty(shape, dtype=dtype, device=device)
 
 
 QUANTIZED = frozenset(

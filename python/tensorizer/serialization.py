@@ -9,6 +9,7 @@ itself. Deliberate departures from the reference are listed in docs/python-decis
 import collections.abc
 import contextlib
 import dataclasses
+import functools
 import gc
 import io
 import logging
@@ -237,6 +238,24 @@ def _check_file_mode(file_obj: Any, operation: str, message: str) -> None:
         raise ValueError(message + (mode and f', current mode="{mode}"') + ")")
 
 
+def _staging_bytes() -> int:
+    """The staging ring size of device loads: ``TENSORIZER_STAGING_BYTES``, else the engine's."""
+    value = os.environ.get("TENSORIZER_STAGING_BYTES", "")
+    return int(value) if value.isdigit() else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_runtime_path() -> str:
+    """The CUDA runtime library torch loaded (so the engine copies with the same one), or ""."""
+    torch.cuda.init()
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if "/libcudart" in path and ".so" in path:
+                return path
+    return ""
+
+
 class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextManager):
     """Reads a .tensors file into torch tensors; a read-only Mapping of its top-level keys.
 
@@ -248,7 +267,10 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         filter_func: ``(name: str | tuple) -> bool``; tensors it rejects are left out entirely.
         dtype: cast floating-point tensors to this dtype (see docs/python-decisions.md).
         lazy_load: load on access instead of everything at construction.
-        plaid_mode, plaid_mode_buffers: accepted and ignored, as in the reference.
+        plaid_mode, plaid_mode_buffers: accepted for compatibility; CUDA loads always stream
+            through the engine's pinned staging ring (``TENSORIZER_STAGING_BYTES`` sizes it,
+            256 MiB by default), with reads, decryption, hashing and host-to-device copies
+            overlapping.
         num_readers: engine workers (None: one per usable core, or what the transport prefers).
         verify_hash: check CRC32/SHA-256 of every tensor loaded (HashMismatchError).
         encryption: DecryptionParams for encrypted files.
@@ -279,7 +301,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         encryption: Optional[DecryptionParams] = None,
         mmap: Optional[bool] = None,
     ):
-        del plaid_mode, plaid_mode_buffers  # accepted for compatibility; no effect
+        del plaid_mode, plaid_mode_buffers  # accepted for compatibility; the engine stages every CUDA load
         self._reader = None
         self._cache_status = None
         self._file = None  # a caller's file object, closed with the source (as the reference does)
@@ -306,6 +328,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         # The engine's host route ("auto", "map"), or None for plain copies into torch memory.
         self._route: Optional[str] = {None: "auto", True: "map", False: None}[None if mmap is None else bool(mmap)]
         self._loaded_via: Dict[TensorPath, str] = {}  # route each tensor took (tests, diagnostics)
+        # CPU loads through the staging pipeline CUDA loads take (diagnostics; tests on CPU).
+        self._staged = os.environ.get("TENSORIZER_STAGED", "") == "1"
 
         if num_readers is not None:
             if isinstance(num_readers, bool) or not isinstance(num_readers, int):
@@ -456,7 +480,23 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                     f" has dtype {r.entry.dtype!r}, which names no torch dtype"
                 )
         indices = [r.index for r in records]
-        if self._route is not None:
+        if self._device.type == "cuda" or self._staged:
+            # Straight into the destination through the engine's staging ring: CUDA memory on a
+            # GPU (pinned buffers, asynchronous copies), or CPU memory via the host copy backend.
+            tensors = [_dtypes.empty(r.entry.shape, r.dtype.torch, self._device) for r in records]
+            device_index = self._device.index if self._device.type == "cuda" else -1
+            infos = self._reader.load_staged(
+                indices,
+                [t.data_ptr() for t in tensors],
+                device_index,
+                self._num_readers,
+                verify_hash,
+                _staging_bytes(),
+                _cuda_runtime_path() if device_index >= 0 else "",
+            )
+            for path in paths:
+                self._loaded_via[path] = "staged"
+        elif self._route is not None:
             loaded = self._reader.load_host(indices, self._num_readers, verify_hash, self._route)
             tensors = [
                 raw if raw.dtype == r.dtype.torch else raw.view(r.dtype.torch).view(r.entry.shape)
