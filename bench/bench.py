@@ -161,6 +161,13 @@ def main():
         for key in sorted({key for *_, key in LOADS}):  # leave the page cache as the section below expects
             if os.path.exists(paths[key]):
                 recache(paths[key])
+    import gpu
+
+    if not wanted and gpu.available(python_for("ours", args)):  # only where torch sees a CUDA device
+        run["gpu"] = gpu.run(paths, lambda system: python_for(system, args), expected, rounds=args.rounds)
+        for key in sorted({key for *_, key in LOADS}):
+            if os.path.exists(paths[key]):
+                recache(paths[key])
     for label, system, task, key in LOADS:
         if skip(label, system):
             if system == "ours" and args.no_ours:

@@ -220,6 +220,10 @@ def table(run):
             "Headline: a fresh process, one load with default options, first touch of every page\n\n"
             + coldstart.table(run["coldstart"])
         )
+    if run.get("gpu"):
+        import gpu
+
+        parts.append("GPU: a fresh process per load into CUDA tensors\n\n" + gpu.table(run["gpu"]))
     parts.append(
         "Secondary: repeats inside one warmed-up process\n\n"
         + _table(run["load"], "load", "Load to CPU, page-cached file")
