@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -55,50 +57,54 @@ void load_symbol(void* handle, const std::string& path, const char* name, F& fn)
   if (!fn) fail(ErrorCode::kUnsupported, "the CUDA runtime '" + path + "' has no " + name);
 }
 
-// The runtime already in the process (torch's), else one found by name; loaded once.
-const CudaRuntime& runtime(const std::string& library) {
-  static CudaRuntime rt;
-  static std::string error;
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    std::vector<std::string> names;
-    if (!library.empty()) names.push_back(library);
-    if (const char* env = std::getenv("TENSORIZER_CUDART"); env && *env) names.emplace_back(env);
-    for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}) names.emplace_back(n);
-    for (int flags : {RTLD_NOW | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) {
-      for (const auto& n : names)
-        if ((rt.handle = dlopen(n.c_str(), flags))) {
-          rt.path = n;
-          break;
-        }
-      if (rt.handle) break;
-    }
-    if (!rt.handle) {
-      error = "no CUDA runtime (libcudart) is loaded or can be found; set TENSORIZER_CUDART to its path";
-      return;
-    }
-    try {
-      load_symbol(rt.handle, rt.path, "cudaGetDeviceCount", rt.GetDeviceCount);
-      load_symbol(rt.handle, rt.path, "cudaGetDevice", rt.GetDevice);
-      load_symbol(rt.handle, rt.path, "cudaSetDevice", rt.SetDevice);
-      load_symbol(rt.handle, rt.path, "cudaHostAlloc", rt.HostAlloc);
-      load_symbol(rt.handle, rt.path, "cudaFreeHost", rt.FreeHost);
-      load_symbol(rt.handle, rt.path, "cudaStreamCreateWithFlags", rt.StreamCreateWithFlags);
-      load_symbol(rt.handle, rt.path, "cudaStreamDestroy", rt.StreamDestroy);
-      load_symbol(rt.handle, rt.path, "cudaStreamSynchronize", rt.StreamSynchronize);
-      load_symbol(rt.handle, rt.path, "cudaMemcpyAsync", rt.MemcpyAsync);
-      load_symbol(rt.handle, rt.path, "cudaMemsetAsync", rt.MemsetAsync);
-      load_symbol(rt.handle, rt.path, "cudaEventCreateWithFlags", rt.EventCreateWithFlags);
-      load_symbol(rt.handle, rt.path, "cudaEventDestroy", rt.EventDestroy);
-      load_symbol(rt.handle, rt.path, "cudaEventRecord", rt.EventRecord);
-      load_symbol(rt.handle, rt.path, "cudaEventSynchronize", rt.EventSynchronize);
-      load_symbol(rt.handle, rt.path, "cudaGetErrorString", rt.GetErrorString);
-    } catch (const Error& err) {
-      error = err.what();
-    }
-  });
-  if (!error.empty()) fail(ErrorCode::kUnsupported, error);
+// Opens and binds a runtime: `library` when given, else TENSORIZER_CUDART, else one already in
+// the process (torch's), else one found by name.
+std::unique_ptr<CudaRuntime> open_runtime(const std::string& library) {
+  std::vector<std::string> names;
+  if (!library.empty()) names.push_back(library);
+  else if (const char* env = std::getenv("TENSORIZER_CUDART"); env && *env) names.emplace_back(env);
+  for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"})
+    if (library.empty()) names.emplace_back(n);
+  auto rt = std::make_unique<CudaRuntime>();
+  for (int flags : {RTLD_NOW | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) {
+    for (const auto& n : names)
+      if ((rt->handle = dlopen(n.c_str(), flags))) {
+        rt->path = n;
+        break;
+      }
+    if (rt->handle) break;
+  }
+  if (!rt->handle)
+    fail(ErrorCode::kUnsupported, library.empty() ? "no CUDA runtime (libcudart) is loaded or can be found; set "
+                                                    "TENSORIZER_CUDART to its path"
+                                                  : "cannot load the CUDA runtime '" + library + "'");
+  load_symbol(rt->handle, rt->path, "cudaGetDeviceCount", rt->GetDeviceCount);
+  load_symbol(rt->handle, rt->path, "cudaGetDevice", rt->GetDevice);
+  load_symbol(rt->handle, rt->path, "cudaSetDevice", rt->SetDevice);
+  load_symbol(rt->handle, rt->path, "cudaHostAlloc", rt->HostAlloc);
+  load_symbol(rt->handle, rt->path, "cudaFreeHost", rt->FreeHost);
+  load_symbol(rt->handle, rt->path, "cudaStreamCreateWithFlags", rt->StreamCreateWithFlags);
+  load_symbol(rt->handle, rt->path, "cudaStreamDestroy", rt->StreamDestroy);
+  load_symbol(rt->handle, rt->path, "cudaStreamSynchronize", rt->StreamSynchronize);
+  load_symbol(rt->handle, rt->path, "cudaMemcpyAsync", rt->MemcpyAsync);
+  load_symbol(rt->handle, rt->path, "cudaMemsetAsync", rt->MemsetAsync);
+  load_symbol(rt->handle, rt->path, "cudaEventCreateWithFlags", rt->EventCreateWithFlags);
+  load_symbol(rt->handle, rt->path, "cudaEventDestroy", rt->EventDestroy);
+  load_symbol(rt->handle, rt->path, "cudaEventRecord", rt->EventRecord);
+  load_symbol(rt->handle, rt->path, "cudaEventSynchronize", rt->EventSynchronize);
+  load_symbol(rt->handle, rt->path, "cudaGetErrorString", rt->GetErrorString);
   return rt;
+}
+
+// One runtime per library asked for, opened on first use and kept for the process (never
+// unloaded: torch's is shared, and backends may outlive a call).
+const CudaRuntime& runtime(const std::string& library) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<CudaRuntime>> opened;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& rt = opened[library];
+  if (!rt) rt = open_runtime(library);
+  return *rt;
 }
 
 // Makes `device` current on this thread for its lifetime, then puts back the previous one.

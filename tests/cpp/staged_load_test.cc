@@ -3,9 +3,12 @@
 // more tensors than slots and tensors larger than a slot (with copies held back, so that a slot
 // reused before its copies ran would show as wrong bytes), encrypted files, meta tensors, hashes
 // checked across pieces, the direct-I/O choice, and a read failing mid-load: the error names the
-// tensor, every staging buffer is freed and memory never exceeded the configured ring.
+// tensor, every staging buffer is freed and memory never exceeded the configured ring. The CUDA
+// backend's own glue (loading the runtime, device scoping, errors) runs against a stand-in runtime
+// over host memory (fake_cudart.cc).
 #include "tensorizer/staged_load.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -320,6 +323,63 @@ TEST(StagedLoadTest, BadRequestsAreRefused) {
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(test::error_code_of([&] { load_staged(*r, {{0, nullptr}}, *backend); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(load_staged(*r, {}, *backend).slots, 0u);
+}
+
+// The stand-in runtime's test controls.
+struct FakeCudart {
+  void* handle = dlopen(TZ_FAKE_CUDART, RTLD_NOW);
+  template <typename F>
+  F* fn(const char* name) {
+    return reinterpret_cast<F*>(dlsym(handle, name));
+  }
+  void fail_copy(int nth) { fn<void(int)>("fake_cudart_fail_copy")(nth); }
+  int live(const char* what) { return fn<int()>((std::string("fake_cudart_live_") + what).c_str())(); }
+};
+
+TEST(StagedLoadTest, CudaBackendLoadsThroughTheRuntimeItFinds) {
+  FakeCudart fake;
+  ASSERT_NE(fake.handle, nullptr) << dlerror();
+  test::TempDir dir;
+  const auto ts = samples();
+  write_samples(dir.path("c.tensors"), ts);
+  auto r = Reader::open(dir.path("c.tensors"));
+  // The calling thread works on device 1 and loads to device 0: every worker (this thread among
+  // them) copies with device 0 current (the stand-in refuses otherwise); this thread gets 1 back.
+  auto set_device = fake.fn<int(int)>("cudaSetDevice");
+  auto get_device = fake.fn<int(int*)>("cudaGetDevice");
+  ASSERT_EQ(set_device(1), 0);
+  {
+    auto backend = cuda_copy_backend(0, 3, TZ_FAKE_CUDART);
+    EXPECT_NE(backend->name().find("cuda:0"), std::string::npos);
+    LoadOptions opt;
+    opt.verify_hash = true;
+    opt.num_workers = 3;
+    expect_samples(*r, load_all(*r, *backend, opt, small_ring()), ts);
+    int device = -1;
+    get_device(&device);
+    EXPECT_EQ(device, 1);
+    EXPECT_EQ(fake.live("host_allocs"), 0);
+    EXPECT_EQ(fake.live("events"), 0);
+
+    // A copy failing mid-load: a CUDA error naming the call, the tensor and the file; nothing leaks.
+    fake.fail_copy(7);
+    try {
+      load_all(*r, *backend, opt, small_ring());
+      ADD_FAILURE() << "the load did not fail";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kIO);
+      const std::string what = err.what();
+      EXPECT_NE(what.find("cudaMemcpyAsync failed: fake CUDA error 700"), std::string::npos) << what;
+      EXPECT_NE(what.find("c.tensors"), std::string::npos) << what;
+    }
+    fake.fail_copy(0);
+    EXPECT_EQ(fake.live("host_allocs"), 0);
+    EXPECT_EQ(fake.live("events"), 0);
+  }
+  EXPECT_EQ(fake.live("streams"), 0);
+  EXPECT_EQ(test::error_code_of([&] { cuda_copy_backend(2, 2, TZ_FAKE_CUDART); }), ErrorCode::kUnsupported);
+  EXPECT_EQ(test::error_code_of([&] { cuda_copy_backend(0, 2, "/nonexistent/libcudart.so"); }),
+            ErrorCode::kUnsupported);
 }
 
 TEST(StagedLoadTest, CudaBackendIsRefusedCleanlyWithoutAGpu) {
