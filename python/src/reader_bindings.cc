@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -48,6 +49,8 @@ std::optional<nb::dlpack::dtype> dlpack_dtype(const std::string& stored) {
 // Owns a Reader; serializes loads from several Python threads (the GIL is released meanwhile).
 class PyReader {
  public:
+  using InfoList = std::vector<std::optional<tensorizer::LoadedTensorInfo>>;
+
   explicit PyReader(std::unique_ptr<Reader> r) : reader_(std::move(r)) {}
 
   static PyReader* open(const std::string& uri, const tensorizer::TransportOptions& transport,
@@ -76,24 +79,11 @@ class PyReader {
     return *reader_;
   }
 
-  // One tuple per index entry (see _C.pyi for the layout).
-  nb::list entries() {
-    nb::list out;
-    for (const auto& e : get().entries()) {
-      tensorizer::DType d = tensorizer::parse_dtype(e.dtype);
-      nb::list shape;
-      for (uint64_t s : e.shape) shape.append(nb::int_(s));
-      out.append(nb::make_tuple(nb::bytes(e.name.data(), e.name.size()), path_to_python(e.path),
-                                static_cast<int>(e.type), nb::str(e.dtype.data(), e.dtype.size()),
-                                nb::tuple(shape), e.header_offset, e.data_offset, e.data_length,
-                                e.expected_bytes(), d.numpy, d.torch_name(), d.itemsize, d.opaque()));
-    }
-    return out;
-  }
+  // The index, one IndexEntry per tensor (copies: they outlive the reader).
+  std::vector<tensorizer::IndexEntry> entries() { return get().entries(); }
 
-  // Loads entries[i] into addresses[i]; returns, per tensor, what its header said:
-  // (module index, [(hash type, stored value)], hashable header bytes).
-  nb::list load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
+  // Loads entries[i] into addresses[i]; returns, per tensor, what its header said (TensorInfo).
+  InfoList load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
                 int num_workers, bool verify_hash) {
     if (indices.size() != addresses.size()) throw nb::value_error("indices and addresses differ in length");
     std::vector<tensorizer::TensorDestination> dests;
@@ -111,18 +101,13 @@ class PyReader {
       r.load(dests, opt);
       for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
     }
-    nb::list out;
-    for (const auto* info : infos) {
-      if (info) out.append(info_tuple(*info));
-      else out.append(nb::none());
-    }
-    return out;
+    return info_list(infos);
   }
 
   // Loads entries[i] into addresses[i] through the staging ring (tensorizer/staged_load.h): device
   // memory of CUDA device `device`, or, with device -1, any host memory via the host backend.
   // `cudart` names the CUDA runtime library to use when not empty. Returns what load() returns.
-  nb::list load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses, int device,
+  InfoList load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses, int device,
                        int num_workers, bool verify_hash, uint64_t ring_bytes, const std::string& cudart) {
     if (indices.size() != addresses.size()) throw nb::value_error("indices and addresses differ in length");
     std::vector<tensorizer::TensorDestination> dests;
@@ -143,15 +128,13 @@ class PyReader {
       tensorizer::load_staged(r, dests, *backend, opt, staging);
       for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
     }
-    nb::list out;
-    for (const auto* info : infos) out.append(info ? nb::object(info_tuple(*info)) : nb::none());
-    return out;
+    return info_list(infos);
   }
 
   // Loads entries[i] into memory the engine owns, by the route `route` asks for ("auto", "map",
   // "direct", "copy"; see tensorizer/host_load.h); returns, per tensor, a 1-D uint8 torch tensor
-  // owning its bytes (typed and shaped where DLPack can say the dtype, else 1-D uint8), the same
-  // header tuple as load(), and the route taken.
+  // owning its bytes (typed and shaped where DLPack can say the dtype, else 1-D uint8), its
+  // TensorInfo, and the route taken.
   nb::list load_host(const std::vector<size_t>& indices, int num_workers, bool verify_hash,
                      const std::string& route) {
     static const std::pair<const char*, tensorizer::HostRoute> kRoutes[] = {
@@ -183,7 +166,7 @@ class PyReader {
       else shape.assign({t.size});
       nb::ndarray<nb::pytorch> arr(t.data, shape.size(), shape.data(), owner, nullptr,
                                    dtype.value_or(nb::dtype<uint8_t>()));
-      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), info_tuple(*r.loaded_info(t.entry)),
+      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), nb::cast(*r.loaded_info(t.entry), nb::rv_policy::copy),
                                 tensorizer::to_string(t.via)));
     }
     return out;
@@ -201,27 +184,6 @@ class PyReader {
       if (size) r.source().read_at(offset, dst, size);
     }
     return out;
-  }
-
-  // (module index, [(hash type, stored value)], hashable header bytes) for a tensor, reading its
-  // header when it has not been loaded yet.
-  nb::tuple header_info(size_t entry) {
-    Reader& r = get();
-    const tensorizer::LoadedTensorInfo* info = nullptr;
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      info = r.loaded_info(entry);
-      if (!info) info = &r.read_header(entry);
-    }
-    return info_tuple(*info);
-  }
-
-  // Same as header_info, but None when the tensor's header has not been read yet.
-  nb::object known_header_info(size_t entry) {
-    const auto* info = get().loaded_info(entry);
-    if (!info) return nb::none();
-    return info_tuple(*info);
   }
 
   nb::list verify_all(int num_workers) {
@@ -245,15 +207,12 @@ class PyReader {
   bool closed() const { return !reader_; }
 
  private:
-  static nb::tuple info_tuple(const tensorizer::LoadedTensorInfo& info) {
-    const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-    nb::list hashes;
-    for (const auto& h : info.header.hashes)
-      hashes.append(nb::make_tuple(static_cast<int>(h.type),
-                                   nb::bytes(info.header_bytes.data() + h.value_offset, h.value_size)));
-    std::string hashable = tensorizer::hashable_header(raw, info.header_bytes.size(), info.header);
-    return nb::make_tuple(static_cast<int>(info.module_idx), hashes,
-                          nb::bytes(hashable.data(), hashable.size()));
+  // Copies of the headers a load read, in request order (None where a tensor has none).
+  static InfoList info_list(const std::vector<const tensorizer::LoadedTensorInfo*>& infos) {
+    InfoList out;
+    out.reserve(infos.size());
+    for (const auto* info : infos) out.push_back(info ? std::optional(*info) : std::nullopt);
+    return out;
   }
 
   std::unique_ptr<Reader> reader_;
@@ -263,6 +222,50 @@ class PyReader {
 }  // namespace
 
 void register_reader(nb::module_& m) {
+  using tensorizer::IndexEntry;
+  nb::class_<IndexEntry>(m, "IndexEntry", "One tensor of a .tensors index, as stored.")
+      .def_prop_ro("name", [](const IndexEntry& e) { return nb::bytes(e.name.data(), e.name.size()); },
+                   "the on-disk name bytes")
+      .def_prop_ro("path", [](const IndexEntry& e) { return path_to_python(e.path); },
+                   "the decoded name: a tuple of str and int components")
+      .def_prop_ro("type", [](const IndexEntry& e) { return static_cast<int>(e.type); }, "TensorType value")
+      .def_ro("dtype", &IndexEntry::dtype, "the stored dtype string, e.g. '<f2'")
+      .def_prop_ro("shape", [](const IndexEntry& e) {
+        nb::list shape;
+        for (uint64_t s : e.shape) shape.append(nb::int_(s));
+        return nb::tuple(shape);
+      })
+      .def_ro("header_offset", &IndexEntry::header_offset)
+      .def_ro("data_offset", &IndexEntry::data_offset)
+      .def_ro("data_length", &IndexEntry::data_length, "stored bytes (0 for meta and empty tensors)")
+      .def_prop_ro("expected_bytes", &IndexEntry::expected_bytes, "bytes of the loaded tensor")
+      .def_prop_ro("is_meta", &IndexEntry::is_meta)
+      .def("__repr__", [](const IndexEntry& e) {
+        return "IndexEntry('" + tensorizer::display_path(e.path) + "', dtype='" + e.dtype + "', " +
+               std::to_string(e.data_length) + " bytes at " + std::to_string(e.data_offset) + ")";
+      });
+  using tensorizer::LoadedTensorInfo;
+  nb::class_<LoadedTensorInfo>(m, "TensorInfo", "What a tensor's own header said when it was loaded.")
+      .def_ro("module_idx", &LoadedTensorInfo::module_idx)
+      .def_prop_ro(
+          "hashes",
+          [](const LoadedTensorInfo& info) {
+            std::vector<std::pair<int, nb::bytes>> out;
+            for (const auto& h : info.header.hashes)
+              out.emplace_back(static_cast<int>(h.type),
+                               nb::bytes(info.header_bytes.data() + h.value_offset, h.value_size));
+            return out;
+          },
+          "the stored hashes: (HashType value, digest bytes)")
+      .def_prop_ro(
+          "hashable_header",
+          [](const LoadedTensorInfo& info) {
+            const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+            std::string h = tensorizer::hashable_header(raw, info.header_bytes.size(), info.header);
+            return nb::bytes(h.data(), h.size());
+          },
+          "the header bytes the stored hashes cover (zeroed hash values)");
+
   nb::class_<PyReader>(m, "Reader")
       .def_static("open", &PyReader::open, nb::arg("uri"), nb::arg("transport"),
                   nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
@@ -279,8 +282,6 @@ void register_reader(nb::module_& m) {
       .def("load_host", &PyReader::load_host, nb::arg("indices"), nb::arg("num_workers") = 0,
            nb::arg("verify_hash") = false, nb::arg("route") = "auto")
       .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))
-      .def("header_info", &PyReader::header_info, nb::arg("entry"))
-      .def("known_header_info", &PyReader::known_header_info, nb::arg("entry"))
       .def("verify_all", &PyReader::verify_all, nb::arg("num_workers") = 0)
       .def("close", &PyReader::close)
       .def_prop_ro("closed", &PyReader::closed)

@@ -361,24 +361,22 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
     def _index_and_load(self, reader, filter_func) -> None:
         """Builds the records of every entry (filtered), then loads them unless lazy."""
         self._records: Dict[TensorPath, _Record] = {}
-        for i, raw in enumerate(reader.entries()):
-            (_name, path, ttype, dtype_str, shape, offset, data_offset, data_length, expected, _np, _tn, _isz, _opq) = (
-                raw
-            )
-            path = TensorPath(path)
+        for i, e in enumerate(reader.entries()):
+            path = TensorPath(e.path)
+            shape = e.shape
             entry = TensorEntry(
                 metadata_version=5 if any(d >= 1 << 32 for d in shape) else 1,
                 name=path,
-                type=_TENSOR_TYPES[ttype] if ttype in _TENSOR_TYPES else TensorType(ttype),
-                dtype=dtype_str,
-                shape=tuple(shape),
-                offset=offset,
-                data_offset=data_offset,
-                data_length=data_length,
+                type=_TENSOR_TYPES[e.type] if e.type in _TENSOR_TYPES else TensorType(e.type),
+                dtype=e.dtype,
+                shape=shape,
+                offset=e.header_offset,
+                data_offset=e.data_offset,
+                data_length=e.data_length,
                 hashes=None,
                 header_hashes=None,
             )
-            self._records[path] = _Record(i, entry, _dtypes.parse(dtype_str), expected)
+            self._records[path] = _Record(i, entry, _dtypes.parse(e.dtype), e.expected_bytes)
         if filter_func is not None:
             self._records = {p: r for p, r in self._records.items() if filter_func(p.normalize_())}
         self._metadata: Dict[TensorPath, TensorEntry] = {p: r.entry for p, r in self._records.items()}
@@ -512,8 +510,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                 self._loaded_via[path] = "copied"
         device = self._device
         for path, r, tensor, info in zip(paths, records, tensors, infos):
-            r.module_idx, hashes, r.hashable_header = info
-            r.entry.hashes = _tensor_hashes(hashes)
+            r.module_idx, r.hashable_header = info.module_idx, info.hashable_header
+            r.entry.hashes = _tensor_hashes(info.hashes)
             grad = _dtypes.requires_grad(tensor.dtype)
             target = self._cast_target(tensor.dtype)
             if device.type != "cpu" or target is not None:
