@@ -28,14 +28,17 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // CPU seconds (user + system) used by this process so far: on a shared machine the cost per byte
 // is steadier than wall time, and cores / (CPU s per GB) estimates the all-cores rate.
 double cpu_seconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec / 1e6;
 }
 
 struct Timing {
@@ -51,7 +54,8 @@ struct Region {  // pre-touched anonymous memory
   uint8_t* p;
   size_t n;
   explicit Region(size_t size) : n(std::max<size_t>(size, 1)) {
-    p = static_cast<uint8_t*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    p = static_cast<uint8_t*>(
+        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     std::memset(p, 1, n);
   }
@@ -84,13 +88,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
-    if (a == "--size-mb") size_mb = std::stoull(next());
-    else if (a == "--dir") dir = next();
-    else if (a == "--repeat") repeat = std::stoi(next());
-    else if (a == "--workers") workers = std::stoi(next());
-    else if (a == "--keep") keep = true;
+    if (a == "--size-mb")
+      size_mb = std::stoull(next());
+    else if (a == "--dir")
+      dir = next();
+    else if (a == "--repeat")
+      repeat = std::stoi(next());
+    else if (a == "--workers")
+      workers = std::stoi(next());
+    else if (a == "--keep")
+      keep = true;
     else {
-      std::fprintf(stderr, "usage: crypto_bench [--size-mb N] [--dir D] [--repeat R] [--workers W] [--keep]\n");
+      std::fprintf(
+          stderr,
+          "usage: crypto_bench [--size-mb N] [--dir D] [--repeat R] [--workers W] [--keep]\n");
       return 2;
     }
   }
@@ -100,7 +111,8 @@ int main(int argc, char** argv) {
   // Tensors of a transformer-ish mix: 64 MiB, 16 MiB and 1 MiB + 12 bytes (odd sizes too).
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
-  const uint64_t pattern[] = {64ull << 20, 16ull << 20, 16ull << 20, (1ull << 20) + 12, 48ull << 20};
+  const uint64_t pattern[] = {64ull << 20, 16ull << 20, 16ull << 20, (1ull << 20) + 12,
+                              48ull << 20};
   for (size_t k = 0; total < (size_mb << 20); ++k) {
     sizes.push_back(pattern[k % 5]);
     total += sizes.back();
@@ -123,7 +135,8 @@ int main(int argc, char** argv) {
     off += sizes[k];
   }
 
-  const std::string plain = dir + "/crypto_bench.plain.tensors", enc = dir + "/crypto_bench.enc.tensors";
+  const std::string plain = dir + "/crypto_bench.plain.tensors",
+                    enc = dir + "/crypto_bench.enc.tensors";
   const EncryptionParams params = EncryptionParams::random();
   auto time_write = [&](const std::string& path, std::optional<EncryptionParams> e) {
     std::vector<double> wall, cpu;
@@ -158,7 +171,8 @@ int main(int argc, char** argv) {
     LoadOptions lo;
     lo.num_workers = workers;
     r->load(dests, lo);  // warm-up: page cache and buffers
-    if (std::memcmp(dst.p, src.p, total) != 0) throw std::runtime_error("loaded bytes differ: " + path);
+    if (std::memcmp(dst.p, src.p, total) != 0)
+      throw std::runtime_error("loaded bytes differ: " + path);
     std::vector<double> wall, cpu;
     for (int i = 0; i < repeat; ++i) {
       const double c = cpu_seconds();
@@ -174,13 +188,15 @@ int main(int argc, char** argv) {
   const double one = single_core_secretbox_gbps();
   const double gb = total / 1e9;
 
-  std::printf("crypto_bench: %.2f GB in %zu tensors, %d usable cores, workers %s, median of %d (page cache)\n", gb,
-              sizes.size(), cores, workers ? std::to_string(workers).c_str() : "auto", repeat);
-  std::printf("  %-34s: %6.2f GB/s (CPU time) -> ceiling %d x = %.2f GB/s\n", "secretbox, 1 core, in memory", one,
-              cores, one * cores);
+  std::printf(
+      "crypto_bench: %.2f GB in %zu tensors, %d usable cores, workers %s, median of %d (page "
+      "cache)\n",
+      gb, sizes.size(), cores, workers ? std::to_string(workers).c_str() : "auto", repeat);
+  std::printf("  %-34s: %6.2f GB/s (CPU time) -> ceiling %d x = %.2f GB/s\n",
+              "secretbox, 1 core, in memory", one, cores, one * cores);
   auto line = [&](const char* what, const Timing& t) {
-    std::printf("  %-34s: %6.2f GB/s wall (%.3f s); CPU %.3f s/GB -> %5.2f GB/s on %d cores\n", what, gb / t.wall,
-                t.wall, t.cpu / gb, cores * gb / t.cpu, cores);
+    std::printf("  %-34s: %6.2f GB/s wall (%.3f s); CPU %.3f s/GB -> %5.2f GB/s on %d cores\n",
+                what, gb / t.wall, t.wall, t.cpu / gb, cores * gb / t.cpu, cores);
   };
   line("load, unencrypted", plain_r);
   line("load, encrypted (read + decrypt)", enc_r);

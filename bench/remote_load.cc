@@ -83,8 +83,9 @@ int main(int argc, char** argv) {
       if (secs < best) open_s = std::chrono::duration<double>(t1 - t0).count();
       best = std::min(best, secs);
     }
-    std::printf("{\"uri\":\"%s\",\"bytes\":%llu,\"open_seconds\":%.4f,\"seconds\":%.4f,\"gbps\":%.3f}\n",
-                uri.c_str(), static_cast<unsigned long long>(bytes), open_s, best, bytes / best / 1e9);
+    std::printf(
+        "{\"uri\":\"%s\",\"bytes\":%llu,\"open_seconds\":%.4f,\"seconds\":%.4f,\"gbps\":%.3f}\n",
+        uri.c_str(), static_cast<unsigned long long>(bytes), open_s, best, bytes / best / 1e9);
   } catch (const tensorizer::Error& e) {
     std::fprintf(stderr, "remote_load: %s\n", e.what());
     return 1;

@@ -12,8 +12,8 @@
 namespace tensorizer {
 
 struct DType {
-  std::string numpy;  // the numpy part, e.g. "<f4" or "<V2"
-  std::string torch;  // the torch part after the NUL ("torch.bfloat16"); empty when not opaque
+  std::string numpy;      // the numpy part, e.g. "<f4" or "<V2"
+  std::string torch;      // the torch part after the NUL ("torch.bfloat16"); empty when not opaque
   char byte_order = '<';  // '<', '>', '|' or '='
   char kind = 'f';        // numpy kind: f i u b c V (others parse but map to no torch dtype)
   uint32_t itemsize = 0;  // bytes per element

@@ -12,15 +12,15 @@
 namespace tensorizer {
 
 enum class ErrorCode {
-  kInvalidArgument,  // caller passed something unusable
-  kFormat,           // the bytes are not a valid .tensors file (corrupt, truncated, hostile)
+  kInvalidArgument,     // caller passed something unusable
+  kFormat,              // the bytes are not a valid .tensors file (corrupt, truncated, hostile)
   kUnsupportedVersion,  // a data version or feature flag this build cannot read
-  kIO,               // the transport failed (open, read, write, network)
-  kNotFound,         // a file, object or key does not exist
-  kHashMismatch,     // stored CRC32/SHA-256 disagrees with the bytes
-  kCrypto,           // encryption/decryption problem (wrong key, MAC failure, mismatch)
-  kUnsupported,      // valid input this build does not handle (e.g. unknown dtype)
-  kCancelled,        // another worker failed first
+  kIO,                  // the transport failed (open, read, write, network)
+  kNotFound,            // a file, object or key does not exist
+  kHashMismatch,        // stored CRC32/SHA-256 disagrees with the bytes
+  kCrypto,              // encryption/decryption problem (wrong key, MAC failure, mismatch)
+  kUnsupported,         // valid input this build does not handle (e.g. unknown dtype)
+  kCancelled,           // another worker failed first
 };
 
 const char* error_code_name(ErrorCode code);

@@ -38,14 +38,16 @@ struct FileHeader {
   uint64_t flags = 0;        // feature flags (the 256-bit field; higher bits are rejected)
   uint64_t tensor_size = 0;  // sum of on-disk data lengths
   uint64_t tensor_count = 0;
-  uint64_t index_size = 0;   // M: bytes of the index block at offset 73
+  uint64_t index_size = 0;  // M: bytes of the index block at offset 73
 
   // "Header has crypt info" (spec §1.3): every per-tensor header carries a crypt-info field.
   bool has_crypt_info() const {
     return version == kEncryptionVersion || (version >= kMetaVersion && (flags & kFlagEncrypted));
   }
   // Version 5 files tag each index entry with a u32 metadata version.
-  bool versioned_entries() const { return version >= kLongDimsVersion && (flags & kFlagVersionedEntries); }
+  bool versioned_entries() const {
+    return version >= kLongDimsVersion && (flags & kFlagVersionedEntries);
+  }
 };
 
 // Parses the first 73 bytes (fewer is an error). Checks magic, version and flags.
@@ -60,11 +62,11 @@ struct IndexEntry {
   std::string name;            // on-disk name bytes
   TensorPath path;             // decoded name
   TensorType type = TensorType::kStateDict;
-  std::string dtype;           // on-disk dtype string
+  std::string dtype;  // on-disk dtype string
   std::vector<uint64_t> shape;
   uint64_t header_offset = 0;
   uint64_t data_offset = 0;
-  uint64_t data_length = 0;    // on-disk length; 0 for meta and zero-element tensors
+  uint64_t data_length = 0;  // on-disk length; 0 for meta and zero-element tensors
 
   uint64_t header_size() const { return data_offset - header_offset; }
   uint64_t num_elements() const;
@@ -136,10 +138,10 @@ struct TensorHeaderFields {
   std::string_view name;   // encoded name bytes
   std::string_view dtype;  // dtype string
   const std::vector<uint64_t>* shape = nullptr;
-  bool long_shape = false;     // u64 dims (version 5)
+  bool long_shape = false;  // u64 dims (version 5)
   bool crc32 = true;
   bool sha256 = true;
-  bool crypt_field = false;    // file has crypt info: write the u64 C + body
+  bool crypt_field = false;      // file has crypt info: write the u64 C + body
   uint64_t crypt_info_size = 0;  // body size; filled with zeros, patched by the caller
   uint64_t data_length = 0;
 };

@@ -35,8 +35,8 @@ enum class LoadedVia { kMapped, kDirect, kCopied };
 const char* to_string(LoadedVia via);
 
 struct HostTensor {
-  size_t entry;                 // index into Reader::entries()
-  uint8_t* data;                // expected_bytes() bytes, writable, 64-byte aligned
+  size_t entry;   // index into Reader::entries()
+  uint8_t* data;  // expected_bytes() bytes, writable, 64-byte aligned
   size_t size;
   LoadedVia via;
   std::shared_ptr<void> owner;  // releases the bytes when the last copy goes
@@ -45,6 +45,7 @@ struct HostTensor {
 // Loads `entries` (in that order in the result); options as for Reader::load (verify_hash is
 // honoured on every route). Throws Error naming the tensor and URI on failure.
 std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& entries,
-                                     const LoadOptions& options = {}, HostRoute route = HostRoute::kAuto);
+                                     const LoadOptions& options = {},
+                                     HostRoute route = HostRoute::kAuto);
 
 }  // namespace tensorizer

@@ -36,15 +36,16 @@ struct TensorDestination {
 };
 
 struct LoadOptions {
-  int num_workers = 0;        // 0 = one per usable CPU core (at least 2 for remote sources)
-  bool verify_hash = false;   // recompute CRC32/SHA-256 and compare
+  int num_workers = 0;              // 0 = one per usable CPU core (at least 2 for remote sources)
+  bool verify_hash = false;         // recompute CRC32/SHA-256 and compare
   bool collect_mismatches = false;  // with verify_hash: report mismatches instead of throwing
-  bool advise_huge_pages = true;    // MADV_HUGEPAGE on destinations first (fresh memory faults 2 MiB at a time)
+  bool advise_huge_pages =
+      true;  // MADV_HUGEPAGE on destinations first (fresh memory faults 2 MiB at a time)
 };
 
 struct LoadResult {
-  uint64_t bytes_read = 0;               // bytes moved from the source by this load
-  std::vector<std::string> mismatches;   // with collect_mismatches: one message per failed tensor
+  uint64_t bytes_read = 0;              // bytes moved from the source by this load
+  std::vector<std::string> mismatches;  // with collect_mismatches: one message per failed tensor
 };
 
 // What load() learned from a tensor's own header.
@@ -70,7 +71,8 @@ class Reader {
 
   // Loads the given tensors. Throws Error naming the tensor, URI and offset on failure; then the
   // content of every destination is unspecified.
-  LoadResult load(const std::vector<TensorDestination>& destinations, const LoadOptions& options = {});
+  LoadResult load(const std::vector<TensorDestination>& destinations,
+                  const LoadOptions& options = {});
   // Streams one tensor's stored bytes in order without holding it whole (re-encoding a file with
   // bounded memory): `consume(offset, data, size)` gets consecutive pieces of about
   // `piece_bytes` (whole encryption chunks), decrypted in encrypted files on

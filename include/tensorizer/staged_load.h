@@ -65,7 +65,8 @@ std::unique_ptr<CopyBackend> host_copy_backend(int streams = 2, int delay_us = 0
 // The CUDA runtime of this process (libcudart, found loaded or by name; TENSORIZER_CUDART names
 // a path, or `library`), copying to device `device` on `streams` non-blocking streams. Throws
 // Error(kUnsupported) naming what is missing when there is no usable runtime or device.
-std::unique_ptr<CopyBackend> cuda_copy_backend(int device, int streams = 4, const std::string& library = "");
+std::unique_ptr<CopyBackend> cuda_copy_backend(int device, int streams = 4,
+                                               const std::string& library = "");
 
 struct StagingOptions {
   // All staging buffers together. A slot holds the largest read item (items cover up to
@@ -73,7 +74,7 @@ struct StagingOptions {
   // ring has at least 2 slots, so a tiny ring_bytes is rounded up to two such slots.
   uint64_t ring_bytes = 256ull << 20;
   uint64_t item_bytes = 8ull << 20;
-  bool direct_io = true;               // O_DIRECT for local files mostly not in the page cache
+  bool direct_io = true;  // O_DIRECT for local files mostly not in the page cache
 };
 
 struct StagedLoadResult {

@@ -46,7 +46,8 @@ class Source {
   virtual uint64_t preferred_read_bytes() const { return 0; }
   // The descriptor of a local regular file behind this source (for memory mapping), else -1.
   virtual int local_fd() const { return -1; }
-  // HTTP(S): the X-Cache-Status header of the first response (a caching proxy's HIT/MISS); else none.
+  // HTTP(S): the X-Cache-Status header of the first response (a caching proxy's HIT/MISS); else
+  // none.
   virtual std::optional<std::string> cache_status() const { return std::nullopt; }
 
   void read_at(uint64_t offset, void* dst, size_t size) {
@@ -77,9 +78,9 @@ class Sink {
 // Options for every transport; each transport reads the fields that concern it.
 struct TransportOptions {
   // HTTP(S)
-  std::string ca_file;           // custom CA bundle (curl CAINFO)
-  std::string ca_path;           // custom CA directory (curl CAPATH)
-  bool allow_untrusted = false;  // skip certificate verification
+  std::string ca_file;                    // custom CA bundle (curl CAINFO)
+  std::string ca_path;                    // custom CA directory (curl CAPATH)
+  bool allow_untrusted = false;           // skip certificate verification
   std::vector<std::string> http_headers;  // extra request headers, "Name: value"
   // HTTP(S) and S3: bytes per ranged GET of a load; 0 = $TENSORIZER_READ_MIB (MiB) if set, else
   // the engine's 16 MiB. Larger suits servers whose cost is per request, not per byte.
@@ -93,12 +94,14 @@ struct TransportOptions {
   std::optional<std::string> s3_region;
   std::optional<std::string> s3_profile;
   std::optional<bool> force_http;
-  std::optional<bool> s3_virtual_hosted;  // unset: path-style, except hosts that require virtual-hosted
+  std::optional<bool>
+      s3_virtual_hosted;  // unset: path-style, except hosts that require virtual-hosted
   // Resilience
   double connect_timeout_s = 10;
-  double stall_timeout_s = 30;  // no byte for this long fails a transfer; failing this long ends retrying
-  int max_retries = 8;          // consecutive failures without progress, per range
-  double retry_delay_s = 0.1;   // first backoff delay; doubles per failure (capped at 5 s)
+  double stall_timeout_s =
+      30;               // no byte for this long fails a transfer; failing this long ends retrying
+  int max_retries = 8;  // consecutive failures without progress, per range
+  double retry_delay_s = 0.1;  // first backoff delay; doubles per failure (capped at 5 s)
   // Local files
   bool sync_on_commit = false;  // fsync before the rename that publishes a written file
 };
@@ -111,8 +114,9 @@ std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& 
 // Copies the object at `src` to `dst` (any two of file, http(s) (read only), s3, redis), streaming
 // with `workers` concurrent readers and bounded memory; `progress(done, total)` is called now and
 // then from the calling thread. Returns the bytes copied.
-uint64_t copy_object(const std::string& src, const std::string& dst, const TransportOptions& options = {},
-                     int workers = 0, const std::function<void(uint64_t, uint64_t)>& progress = {});
+uint64_t copy_object(const std::string& src, const std::string& dst,
+                     const TransportOptions& options = {}, int workers = 0,
+                     const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 // A source over bytes already in memory (tests, Python file-like objects). Shares the buffer.
 std::unique_ptr<Source> make_memory_source(std::shared_ptr<const std::string> bytes,

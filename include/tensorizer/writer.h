@@ -29,10 +29,10 @@ struct WriteRequest {
   TensorPath path;
   TensorType type = TensorType::kStateDict;
   uint16_t module_idx = 0;
-  std::string dtype;            // stored dtype string, e.g. "<f4" or dtype_string_for_torch(...)
+  std::string dtype;  // stored dtype string, e.g. "<f4" or dtype_string_for_torch(...)
   std::vector<uint64_t> shape;
-  const void* data = nullptr;   // C-contiguous little-endian bytes (item size x elements)
-  bool meta = false;            // shape only: no data is stored, the tensor loads as zeros
+  const void* data = nullptr;  // C-contiguous little-endian bytes (item size x elements)
+  bool meta = false;           // shape only: no data is stored, the tensor loads as zeros
 };
 
 struct WriterOptions {
@@ -41,19 +41,21 @@ struct WriterOptions {
   // sealed on all cores into staging buffers; the caller's memory is never modified.
   std::optional<EncryptionParams> encryption;
   uint64_t index_reserve = kReferenceIndexSize;  // minimum index bytes reserved on first write
-  uint64_t alignment = 64;              // data alignment for small tensors (1 = none)
-  uint64_t large_alignment = 4096;      // data alignment for tensors of large_threshold or more
+  uint64_t alignment = 64;                       // data alignment for small tensors (1 = none)
+  uint64_t large_alignment = 4096;  // data alignment for tensors of large_threshold or more
   uint64_t large_threshold = 1u << 20;
-  int num_workers = 0;                  // 0 = one per usable core
-  bool hashes = true;                   // store CRC32 + SHA-256 (SHA-256 only when encrypted)
+  int num_workers = 0;  // 0 = one per usable core
+  bool hashes = true;   // store CRC32 + SHA-256 (SHA-256 only when encrypted)
 };
 
 class Writer {
  public:
   static std::unique_ptr<Writer> open(const std::string& uri, const WriterOptions& options = {});
-  static std::unique_ptr<Writer> open(std::unique_ptr<Sink> sink, const WriterOptions& options = {});
+  static std::unique_ptr<Writer> open(std::unique_ptr<Sink> sink,
+                                      const WriterOptions& options = {});
   // Closes (publishes) the object if every write succeeded and close() was not called; discards it
-  // if a write failed part-way, or when the Writer is destroyed by an exception unwinding the stack.
+  // if a write failed part-way, or when the Writer is destroyed by an exception unwinding the
+  // stack.
   ~Writer();
 
   // Appends tensors. Validates everything before writing anything: a bad request (unsupported

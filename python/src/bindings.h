@@ -26,7 +26,8 @@ tensorizer::TensorPath path_from_python(nb::handle obj);
 nb::tuple path_to_python(const tensorizer::TensorPath& path);
 
 // Decryption from (key: bytes | None, passphrase: bytes | None); nullopt when both are None.
-std::optional<tensorizer::DecryptionParams> decryption_from_python(nb::handle key, nb::handle passphrase);
+std::optional<tensorizer::DecryptionParams> decryption_from_python(nb::handle key,
+                                                                   nb::handle passphrase);
 // Encryption from (key: bytes, kdf: (opslimit, memlimit, salt) | None); nullopt when key is None.
 std::optional<tensorizer::EncryptionParams> encryption_from_python(nb::handle key, nb::handle kdf);
 

@@ -24,15 +24,24 @@ using tensorizer::ErrorCode;
 PyObject* exception_for(ErrorCode code) {
   const char* name = nullptr;
   switch (code) {
-    case ErrorCode::kHashMismatch: name = "HashMismatchError"; break;
-    case ErrorCode::kCrypto: name = "CryptographyError"; break;
+    case ErrorCode::kHashMismatch:
+      name = "HashMismatchError";
+      break;
+    case ErrorCode::kCrypto:
+      name = "CryptographyError";
+      break;
     case ErrorCode::kFormat:
     case ErrorCode::kInvalidArgument:
-    case ErrorCode::kUnsupportedVersion: return PyExc_ValueError;
-    case ErrorCode::kNotFound: return PyExc_FileNotFoundError;
-    case ErrorCode::kIO: return PyExc_OSError;
-    case ErrorCode::kUnsupported: return PyExc_NotImplementedError;
-    case ErrorCode::kCancelled: return PyExc_RuntimeError;
+    case ErrorCode::kUnsupportedVersion:
+      return PyExc_ValueError;
+    case ErrorCode::kNotFound:
+      return PyExc_FileNotFoundError;
+    case ErrorCode::kIO:
+      return PyExc_OSError;
+    case ErrorCode::kUnsupported:
+      return PyExc_NotImplementedError;
+    case ErrorCode::kCancelled:
+      return PyExc_RuntimeError;
   }
   if (!name) return PyExc_RuntimeError;
   PyObject* mod = PyImport_ImportModule("tensorizer._errors");
@@ -110,8 +119,10 @@ tensorizer::Key key_from_bytes(nb::handle obj, const char* what) {
 
 }  // namespace
 
-std::optional<tensorizer::DecryptionParams> decryption_from_python(nb::handle key, nb::handle passphrase) {
-  if (!key.is_none()) return tensorizer::DecryptionParams::from_key(key_from_bytes(key, "decryption key"));
+std::optional<tensorizer::DecryptionParams> decryption_from_python(nb::handle key,
+                                                                   nb::handle passphrase) {
+  if (!key.is_none())
+    return tensorizer::DecryptionParams::from_key(key_from_bytes(key, "decryption key"));
   if (!passphrase.is_none()) {
     nb::bytes b = nb::cast<nb::bytes>(passphrase);
     return tensorizer::DecryptionParams::from_passphrase(std::string(b.c_str(), b.size()));
@@ -138,52 +149,69 @@ std::optional<tensorizer::EncryptionParams> encryption_from_python(nb::handle ke
 
 void register_common(nb::module_& m) {
   // dtype helpers (spec §1.9).
-  m.def("dtype_string_for_torch", [](const std::string& torch_name) {
-    std::string s = tensorizer::dtype_string_for_torch(torch_name);
-    return nb::str(s.data(), s.size());
-  }, nb::arg("torch_name"), "The dtype string stored for a torch dtype name ('torch.bfloat16').");
-  m.def("parse_dtype", [](const std::string& s) {
-    tensorizer::DType d = tensorizer::parse_dtype(s);
-    return nb::make_tuple(d.numpy, d.torch_name(), d.itemsize, d.opaque());
-  }, nb::arg("dtype"), "(numpy part, torch dtype name or '', item size, opaque) of a dtype string.");
+  m.def(
+      "dtype_string_for_torch",
+      [](const std::string& torch_name) {
+        std::string s = tensorizer::dtype_string_for_torch(torch_name);
+        return nb::str(s.data(), s.size());
+      },
+      nb::arg("torch_name"), "The dtype string stored for a torch dtype name ('torch.bfloat16').");
+  m.def(
+      "parse_dtype",
+      [](const std::string& s) {
+        tensorizer::DType d = tensorizer::parse_dtype(s);
+        return nb::make_tuple(d.numpy, d.torch_name(), d.itemsize, d.opaque());
+      },
+      nb::arg("dtype"),
+      "(numpy part, torch dtype name or '', item size, opaque) of a dtype string.");
 
   // Keys (spec §3.2).
-  m.def("derive_key", [](nb::bytes passphrase, uint64_t opslimit, uint64_t memlimit, nb::bytes salt) {
-    if (salt.size() != 16) throw nb::value_error("salt must be exactly 16 bytes");
-    tensorizer::KdfParams k;
-    k.opslimit = opslimit;
-    k.memlimit = memlimit;
-    std::memcpy(k.salt.data(), salt.c_str(), 16);
-    std::string pw(passphrase.c_str(), passphrase.size());
-    tensorizer::Key key;
-    {
-      nb::gil_scoped_release release;
-      key = tensorizer::derive_key(pw, k);
-    }
-    return nb::bytes(reinterpret_cast<const char*>(key.data()), key.size());
-  }, nb::arg("passphrase"), nb::arg("opslimit"), nb::arg("memlimit"), nb::arg("salt"),
-     "Argon2id13 key derivation exactly as tensorizer does it.");
-  m.def("random_key", [] {
-    tensorizer::Key key = tensorizer::EncryptionParams::random().key;
-    return nb::bytes(reinterpret_cast<const char*>(key.data()), key.size());
-  }, "32 bytes from the system's secure random generator.");
+  m.def(
+      "derive_key",
+      [](nb::bytes passphrase, uint64_t opslimit, uint64_t memlimit, nb::bytes salt) {
+        if (salt.size() != 16) throw nb::value_error("salt must be exactly 16 bytes");
+        tensorizer::KdfParams k;
+        k.opslimit = opslimit;
+        k.memlimit = memlimit;
+        std::memcpy(k.salt.data(), salt.c_str(), 16);
+        std::string pw(passphrase.c_str(), passphrase.size());
+        tensorizer::Key key;
+        {
+          nb::gil_scoped_release release;
+          key = tensorizer::derive_key(pw, k);
+        }
+        return nb::bytes(reinterpret_cast<const char*>(key.data()), key.size());
+      },
+      nb::arg("passphrase"), nb::arg("opslimit"), nb::arg("memlimit"), nb::arg("salt"),
+      "Argon2id13 key derivation exactly as tensorizer does it.");
+  m.def(
+      "random_key",
+      [] {
+        tensorizer::Key key = tensorizer::EncryptionParams::random().key;
+        return nb::bytes(reinterpret_cast<const char*>(key.data()), key.size());
+      },
+      "32 bytes from the system's secure random generator.");
 
   // Hashes of live memory against a header (verify_module, spec §4.7).
-  m.def("compute_hashes", [](nb::bytes hashable_header, uintptr_t address, uint64_t nbytes) {
-    std::string header(hashable_header.c_str(), hashable_header.size());
-    uint32_t crc = 0;
-    std::array<uint8_t, 32> sha{};
-    {
-      nb::gil_scoped_release release;
-      tensorizer::TensorHasher h(true, true, header);
-      if (nbytes) h.update(reinterpret_cast<const void*>(address), nbytes);
-      h.finish();
-      crc = h.crc32();
-      sha = h.sha256();
-    }
-    return nb::make_tuple(crc, nb::bytes(reinterpret_cast<const char*>(sha.data()), sha.size()));
-  }, nb::arg("hashable_header"), nb::arg("address"), nb::arg("nbytes"),
-     "(CRC32, SHA-256) over a hashable header followed by `nbytes` bytes at `address`.");
+  m.def(
+      "compute_hashes",
+      [](nb::bytes hashable_header, uintptr_t address, uint64_t nbytes) {
+        std::string header(hashable_header.c_str(), hashable_header.size());
+        uint32_t crc = 0;
+        std::array<uint8_t, 32> sha{};
+        {
+          nb::gil_scoped_release release;
+          tensorizer::TensorHasher h(true, true, header);
+          if (nbytes) h.update(reinterpret_cast<const void*>(address), nbytes);
+          h.finish();
+          crc = h.crc32();
+          sha = h.sha256();
+        }
+        return nb::make_tuple(crc,
+                              nb::bytes(reinterpret_cast<const char*>(sha.data()), sha.size()));
+      },
+      nb::arg("hashable_header"), nb::arg("address"), nb::arg("nbytes"),
+      "(CRC32, SHA-256) over a hashable header followed by `nbytes` bytes at `address`.");
 
   m.def("usable_cores", &tensorizer::usable_cores);
 

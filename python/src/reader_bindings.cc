@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <iterator>
 #include <memory>
-#include <utility>
 #include <mutex>
+#include <utility>
 
 #include "bindings.h"
 #include "tensorizer/dtype.h"
@@ -34,11 +34,11 @@ std::optional<nb::dlpack::dtype> dlpack_dtype(const std::string& stored) {
   tensorizer::DType d = tensorizer::parse_dtype(stored);
   if (d.byte_order == '>') return std::nullopt;
   static const std::pair<const char*, std::pair<code, uint8_t>> kKnown[] = {
-      {"torch.float16", {code::Float, 16}},  {"torch.float32", {code::Float, 32}},
-      {"torch.float64", {code::Float, 64}},  {"torch.bfloat16", {code::Bfloat, 16}},
-      {"torch.int8", {code::Int, 8}},        {"torch.int16", {code::Int, 16}},
-      {"torch.int32", {code::Int, 32}},      {"torch.int64", {code::Int, 64}},
-      {"torch.uint8", {code::UInt, 8}},      {"torch.bool", {code::Bool, 8}},
+      {"torch.float16", {code::Float, 16}},     {"torch.float32", {code::Float, 32}},
+      {"torch.float64", {code::Float, 64}},     {"torch.bfloat16", {code::Bfloat, 16}},
+      {"torch.int8", {code::Int, 8}},           {"torch.int16", {code::Int, 16}},
+      {"torch.int32", {code::Int, 32}},         {"torch.int64", {code::Int, 64}},
+      {"torch.uint8", {code::UInt, 8}},         {"torch.bool", {code::Bool, 8}},
       {"torch.complex64", {code::Complex, 64}}, {"torch.complex128", {code::Complex, 128}}};
   const std::string name = d.torch_name();
   for (const auto& [torch_name, dl] : kKnown)
@@ -85,7 +85,8 @@ class PyReader {
   // Loads entries[i] into addresses[i]; returns, per tensor, what its header said (TensorInfo).
   InfoList load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
                 int num_workers, bool verify_hash) {
-    if (indices.size() != addresses.size()) throw nb::value_error("indices and addresses differ in length");
+    if (indices.size() != addresses.size())
+      throw nb::value_error("indices and addresses differ in length");
     std::vector<tensorizer::TensorDestination> dests;
     dests.reserve(indices.size());
     for (size_t k = 0; k < indices.size(); ++k)
@@ -107,9 +108,11 @@ class PyReader {
   // Loads entries[i] into addresses[i] through the staging ring (tensorizer/staged_load.h): device
   // memory of CUDA device `device`, or, with device -1, any host memory via the host backend.
   // `cudart` names the CUDA runtime library to use when not empty. Returns what load() returns.
-  InfoList load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses, int device,
-                       int num_workers, bool verify_hash, uint64_t ring_bytes, const std::string& cudart) {
-    if (indices.size() != addresses.size()) throw nb::value_error("indices and addresses differ in length");
+  InfoList load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
+                       int device, int num_workers, bool verify_hash, uint64_t ring_bytes,
+                       const std::string& cudart) {
+    if (indices.size() != addresses.size())
+      throw nb::value_error("indices and addresses differ in length");
     std::vector<tensorizer::TensorDestination> dests;
     dests.reserve(indices.size());
     for (size_t k = 0; k < indices.size(); ++k)
@@ -124,7 +127,8 @@ class PyReader {
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      auto backend = device < 0 ? tensorizer::host_copy_backend() : tensorizer::cuda_copy_backend(device, 4, cudart);
+      auto backend = device < 0 ? tensorizer::host_copy_backend()
+                                : tensorizer::cuda_copy_backend(device, 4, cudart);
       tensorizer::load_staged(r, dests, *backend, opt, staging);
       for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
     }
@@ -138,12 +142,15 @@ class PyReader {
   nb::list load_host(const std::vector<size_t>& indices, int num_workers, bool verify_hash,
                      const std::string& route) {
     static const std::pair<const char*, tensorizer::HostRoute> kRoutes[] = {
-        {"auto", tensorizer::HostRoute::kAuto}, {"map", tensorizer::HostRoute::kMap},
-        {"direct", tensorizer::HostRoute::kDirect}, {"copy", tensorizer::HostRoute::kCopy}};
+        {"auto", tensorizer::HostRoute::kAuto},
+        {"map", tensorizer::HostRoute::kMap},
+        {"direct", tensorizer::HostRoute::kDirect},
+        {"copy", tensorizer::HostRoute::kCopy}};
     const auto* found = std::find_if(std::begin(kRoutes), std::end(kRoutes),
                                      [&](const auto& r) { return route == r.first; });
     if (found == std::end(kRoutes))
-      throw nb::value_error(("route: expected auto, map, direct or copy, got '" + route + "'").c_str());
+      throw nb::value_error(
+          ("route: expected auto, map, direct or copy, got '" + route + "'").c_str());
     Reader& r = get();
     tensorizer::LoadOptions opt;
     opt.num_workers = num_workers;
@@ -158,15 +165,19 @@ class PyReader {
     std::vector<size_t> shape;
     for (auto& t : loaded) {
       auto* keep = new std::shared_ptr<void>(std::move(t.owner));
-      nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+      nb::capsule owner(keep,
+                        [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
       // Typed and shaped when DLPack names the dtype (one object, no views in Python); else bytes.
       const auto& e = r.entries()[t.entry];
       const auto dtype = dlpack_dtype(e.dtype);
-      if (dtype) shape.assign(e.shape.begin(), e.shape.end());
-      else shape.assign({t.size});
+      if (dtype)
+        shape.assign(e.shape.begin(), e.shape.end());
+      else
+        shape.assign({t.size});
       nb::ndarray<nb::pytorch> arr(t.data, shape.size(), shape.data(), owner, nullptr,
                                    dtype.value_or(nb::dtype<uint8_t>()));
-      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference), nb::cast(*r.loaded_info(t.entry), nb::rv_policy::copy),
+      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference),
+                                nb::cast(*r.loaded_info(t.entry), nb::rv_policy::copy),
                                 tensorizer::to_string(t.via)));
     }
     return out;
@@ -224,20 +235,25 @@ class PyReader {
 void register_reader(nb::module_& m) {
   using tensorizer::IndexEntry;
   nb::class_<IndexEntry>(m, "IndexEntry", "One tensor of a .tensors index, as stored.")
-      .def_prop_ro("name", [](const IndexEntry& e) { return nb::bytes(e.name.data(), e.name.size()); },
-                   "the on-disk name bytes")
-      .def_prop_ro("path", [](const IndexEntry& e) { return path_to_python(e.path); },
-                   "the decoded name: a tuple of str and int components")
-      .def_prop_ro("type", [](const IndexEntry& e) { return static_cast<int>(e.type); }, "TensorType value")
+      .def_prop_ro(
+          "name", [](const IndexEntry& e) { return nb::bytes(e.name.data(), e.name.size()); },
+          "the on-disk name bytes")
+      .def_prop_ro(
+          "path", [](const IndexEntry& e) { return path_to_python(e.path); },
+          "the decoded name: a tuple of str and int components")
+      .def_prop_ro(
+          "type", [](const IndexEntry& e) { return static_cast<int>(e.type); }, "TensorType value")
       .def_ro("dtype", &IndexEntry::dtype, "the stored dtype string, e.g. '<f2'")
-      .def_prop_ro("shape", [](const IndexEntry& e) {
-        nb::list shape;
-        for (uint64_t s : e.shape) shape.append(nb::int_(s));
-        return nb::tuple(shape);
-      })
+      .def_prop_ro("shape",
+                   [](const IndexEntry& e) {
+                     nb::list shape;
+                     for (uint64_t s : e.shape) shape.append(nb::int_(s));
+                     return nb::tuple(shape);
+                   })
       .def_ro("header_offset", &IndexEntry::header_offset)
       .def_ro("data_offset", &IndexEntry::data_offset)
-      .def_ro("data_length", &IndexEntry::data_length, "stored bytes (0 for meta and empty tensors)")
+      .def_ro("data_length", &IndexEntry::data_length,
+              "stored bytes (0 for meta and empty tensors)")
       .def_prop_ro("expected_bytes", &IndexEntry::expected_bytes, "bytes of the loaded tensor")
       .def_prop_ro("is_meta", &IndexEntry::is_meta)
       .def("__repr__", [](const IndexEntry& e) {
@@ -245,7 +261,8 @@ void register_reader(nb::module_& m) {
                std::to_string(e.data_length) + " bytes at " + std::to_string(e.data_offset) + ")";
       });
   using tensorizer::LoadedTensorInfo;
-  nb::class_<LoadedTensorInfo>(m, "TensorInfo", "What a tensor's own header said when it was loaded.")
+  nb::class_<LoadedTensorInfo>(m, "TensorInfo",
+                               "What a tensor's own header said when it was loaded.")
       .def_ro("module_idx", &LoadedTensorInfo::module_idx)
       .def_prop_ro(
           "hashes",
@@ -276,9 +293,9 @@ void register_reader(nb::module_& m) {
       .def("entries", &PyReader::entries)
       .def("load", &PyReader::load, nb::arg("indices"), nb::arg("addresses"),
            nb::arg("num_workers") = 0, nb::arg("verify_hash") = false)
-      .def("load_staged", &PyReader::load_staged, nb::arg("indices"), nb::arg("addresses"), nb::arg("device"),
-           nb::arg("num_workers") = 0, nb::arg("verify_hash") = false, nb::arg("ring_bytes") = 0,
-           nb::arg("cudart") = "")
+      .def("load_staged", &PyReader::load_staged, nb::arg("indices"), nb::arg("addresses"),
+           nb::arg("device"), nb::arg("num_workers") = 0, nb::arg("verify_hash") = false,
+           nb::arg("ring_bytes") = 0, nb::arg("cudart") = "")
       .def("load_host", &PyReader::load_host, nb::arg("indices"), nb::arg("num_workers") = 0,
            nb::arg("verify_hash") = false, nb::arg("route") = "auto")
       .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))

@@ -76,7 +76,8 @@ class PySource {
 };
 
 // Copies a local file to any sink URI (S3 upload, another path) with the engine's streaming copy.
-uint64_t upload_file(const std::string& path, const std::string& uri, const tensorizer::TransportOptions& transport) {
+uint64_t upload_file(const std::string& path, const std::string& uri,
+                     const tensorizer::TransportOptions& transport) {
   nb::gil_scoped_release release;
   return tensorizer::copy_object(path, uri, transport);
 }
@@ -85,19 +86,22 @@ uint64_t upload_file(const std::string& path, const std::string& uri, const tens
 
 void register_source(nb::module_& m) {
   nb::class_<PySource>(m, "Source")
-      .def_static("open", &PySource::open, nb::arg("uri"), nb::arg("transport"), nb::rv_policy::take_ownership)
+      .def_static("open", &PySource::open, nb::arg("uri"), nb::arg("transport"),
+                  nb::rv_policy::take_ownership)
       .def("read_into", &PySource::read_into, nb::arg("offset"), nb::arg("buffer"))
       .def("close", &PySource::close)
       .def_prop_ro("closed", &PySource::closed)
-      .def_prop_ro("size", [](PySource& s) {
-        tensorizer::Source& src = s.get();
-        nb::gil_scoped_release release;
-        return src.size();
-      })
+      .def_prop_ro("size",
+                   [](PySource& s) {
+                     tensorizer::Source& src = s.get();
+                     nb::gil_scoped_release release;
+                     return src.size();
+                   })
       .def_prop_ro("uri", [](PySource& s) { return s.get().uri(); })
       .def_prop_ro("bytes_read", [](PySource& s) { return s.get().bytes_read(); });
   m.def("upload_file", &upload_file, nb::arg("path"), nb::arg("uri"), nb::arg("transport"),
-        "Copies a local file to `uri` through the engine (e.g. an S3 upload); returns the bytes copied.");
+        "Copies a local file to `uri` through the engine (e.g. an S3 upload); returns the bytes "
+        "copied.");
 }
 
 }  // namespace tzpy

@@ -71,7 +71,8 @@ class PyFileSink final : public tensorizer::Sink {
       ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0)
-        tensorizer::fail(ErrorCode::kIO, "writing to '" + name_ + "' at offset " + std::to_string(offset) +
+        tensorizer::fail(ErrorCode::kIO, "writing to '" + name_ + "' at offset " +
+                                             std::to_string(offset) +
                                              " failed: " + std::strerror(w < 0 ? errno : EIO));
       p += w;
       n -= static_cast<size_t>(w);
@@ -83,12 +84,14 @@ class PyFileSink final : public tensorizer::Sink {
     file_.attr("seek")(offset);
     while (n > 0) {
       // A read-only memoryview over the engine's bytes: no copy into a Python object.
-      nb::object view = nb::steal(PyMemoryView_FromMemory(p, static_cast<Py_ssize_t>(n), PyBUF_READ));
+      nb::object view =
+          nb::steal(PyMemoryView_FromMemory(p, static_cast<Py_ssize_t>(n), PyBUF_READ));
       if (!view.is_valid()) throw nb::python_error();
       nb::object r = file_.attr("write")(view);
       size_t w = r.is_none() ? n : nb::cast<size_t>(r);
       if (w == 0 || w > n)
-        tensorizer::fail(ErrorCode::kIO, "writing to '" + name_ + "': write() returned " + std::to_string(w));
+        tensorizer::fail(ErrorCode::kIO,
+                         "writing to '" + name_ + "': write() returned " + std::to_string(w));
       p += w;
       n -= w;
     }
@@ -104,8 +107,8 @@ class PyWriter {
  public:
   explicit PyWriter(std::unique_ptr<tensorizer::Writer> w) : writer_(std::move(w)) {}
 
-  static tensorizer::WriterOptions options(const tensorizer::TransportOptions* transport, nb::handle key,
-                                           nb::handle kdf, int num_workers) {
+  static tensorizer::WriterOptions options(const tensorizer::TransportOptions* transport,
+                                           nb::handle key, nb::handle kdf, int num_workers) {
     tensorizer::WriterOptions opt;
     if (transport) opt.transport = *transport;
     opt.encryption = encryption_from_python(key, kdf);
@@ -113,8 +116,8 @@ class PyWriter {
     return opt;
   }
 
-  static PyWriter* open(const std::string& uri, const tensorizer::TransportOptions& transport, nb::handle key,
-                        nb::handle kdf, int num_workers) {
+  static PyWriter* open(const std::string& uri, const tensorizer::TransportOptions& transport,
+                        nb::handle key, nb::handle kdf, int num_workers) {
     auto opt = options(&transport, key, kdf, num_workers);
     std::unique_ptr<tensorizer::Writer> w;
     {
@@ -124,8 +127,8 @@ class PyWriter {
     return new PyWriter(std::move(w));
   }
 
-  static PyWriter* to_file(nb::object file, int fd, const std::string& name, nb::handle key, nb::handle kdf,
-                           int num_workers) {
+  static PyWriter* to_file(nb::object file, int fd, const std::string& name, nb::handle key,
+                           nb::handle kdf, int num_workers) {
     auto opt = options(nullptr, key, kdf, num_workers);
     auto sink = std::make_unique<PyFileSink>(std::move(file), fd, name);
     return new PyWriter(tensorizer::Writer::open(std::move(sink), opt));
@@ -203,8 +206,9 @@ class PyWriter {
 
 void register_writer(nb::module_& m) {
   nb::class_<PyWriter>(m, "Writer")
-      .def_static("open", &PyWriter::open, nb::arg("uri"), nb::arg("transport"), nb::arg("key").none() = nb::none(),
-                  nb::arg("kdf").none() = nb::none(), nb::arg("num_workers") = 0, nb::rv_policy::take_ownership)
+      .def_static("open", &PyWriter::open, nb::arg("uri"), nb::arg("transport"),
+                  nb::arg("key").none() = nb::none(), nb::arg("kdf").none() = nb::none(),
+                  nb::arg("num_workers") = 0, nb::rv_policy::take_ownership)
       .def_static("to_file", &PyWriter::to_file, nb::arg("file"), nb::arg("fd"), nb::arg("name"),
                   nb::arg("key").none() = nb::none(), nb::arg("kdf").none() = nb::none(),
                   nb::arg("num_workers") = 0, nb::rv_policy::take_ownership)

@@ -115,9 +115,10 @@ double raw_read_seconds(const std::string& path, uint8_t* dst, size_t size) {
 }
 
 void run_bench(const BenchOptions& o) {
-  const std::string path = o.file.empty()
-                               ? (std::filesystem::temp_directory_path() / "tensorizer-bench.tensors").string()
-                               : o.file;
+  const std::string path =
+      o.file.empty()
+          ? (std::filesystem::temp_directory_path() / "tensorizer-bench.tensors").string()
+          : o.file;
   auto shapes = model_shapes(o.size_mb << 20);
   std::vector<uint64_t> offsets;
   uint64_t total = 0;
@@ -127,8 +128,8 @@ void run_bench(const BenchOptions& o) {
     for (uint64_t d : shape) n *= d;
     total += n;
   }
-  std::printf("tensorizer bench: %zu fp16 tensors, %.2f GB, file %s, %d usable cores\n", shapes.size(),
-              total / 1e9, path.c_str(), usable_cores());
+  std::printf("tensorizer bench: %zu fp16 tensors, %.2f GB, file %s, %d usable cores\n",
+              shapes.size(), total / 1e9, path.c_str(), usable_cores());
   Buffer src(total);
   fill_random(src.data, total, 42);
 
@@ -177,7 +178,8 @@ void run_bench(const BenchOptions& o) {
     raw.push_back(r);
     for (size_t k = 0; k < l.size(); ++k) loads[k].push_back(l[k]);
   }
-  if (std::memcmp(dst.data, src.data, total) != 0) fail(ErrorCode::kFormat, "loaded bytes differ from written bytes");
+  if (std::memcmp(dst.data, src.data, total) != 0)
+    fail(ErrorCode::kFormat, "loaded bytes differ from written bytes");
   LoadOptions vo;
   vo.verify_hash = true;
   auto t = Clock::now();
@@ -197,7 +199,8 @@ void run_bench(const BenchOptions& o) {
         continue;
       }
       std::vector<TensorDestination> fd;
-      for (size_t i = 0; i < reader->entries().size(); ++i) fd.push_back({i, fresh.data + offsets[i]});
+      for (size_t i = 0; i < reader->entries().size(); ++i)
+        fd.push_back({i, fresh.data + offsets[i]});
       LoadOptions lo;
       lo.num_workers = n_workers;
       lo.advise_huge_pages = mode == 2;
@@ -217,16 +220,18 @@ void run_bench(const BenchOptions& o) {
   for (size_t k = 0; k < worker_counts.size(); ++k) {
     double g = gb / median(loads[k]);
     char label[64];
-    std::snprintf(label, sizeof label, "load, %d worker%s", worker_counts[k], worker_counts[k] > 1 ? "s" : "");
+    std::snprintf(label, sizeof label, "load, %d worker%s", worker_counts[k],
+                  worker_counts[k] > 1 ? "s" : "");
     std::printf("%-34s %10.2f %10.2f\n", label, g, g / raw_gbps);
   }
-  std::printf("%-34s %10.2f %10.2f\n", "load + verify CRC32/SHA-256", gb / verify_s, gb / verify_s / raw_gbps);
+  std::printf("%-34s %10.2f %10.2f\n", "load + verify CRC32/SHA-256", gb / verify_s,
+              gb / verify_s / raw_gbps);
   const double fresh_gbps = file_size / 1e9 / median(fresh_raw);
   std::printf("%-34s %10.2f %10s\n", "read() into fresh memory", fresh_gbps, "-");
-  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, 4 KiB pages", gb / median(fresh_small),
-              gb / median(fresh_small) / fresh_gbps);
-  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, huge pages", gb / median(fresh_huge),
-              gb / median(fresh_huge) / fresh_gbps);
+  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, 4 KiB pages",
+              gb / median(fresh_small), gb / median(fresh_small) / fresh_gbps);
+  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, huge pages",
+              gb / median(fresh_huge), gb / median(fresh_huge) / fresh_gbps);
   std::printf("%-34s %10.2f %10s\n", "write (hash + write)", gb / median(write_s), "-");
   std::printf("median of %d runs after a warm-up; all bytes checked\n", o.repeat);
   if (!o.keep && o.file.empty()) std::filesystem::remove(path);
@@ -235,7 +240,8 @@ void run_bench(const BenchOptions& o) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "write and load a synthetic model-sized file, print GB/s");
+  auto* cmd =
+      app.add_subcommand("bench", "write and load a synthetic model-sized file, print GB/s");
   auto o = std::make_shared<BenchOptions>();
   cmd->add_option("--size-mb", o->size_mb, "approximate model size in MiB (default 1024)");
   cmd->add_option("--file", o->file, "where to write the file (default: temp dir, removed after)");

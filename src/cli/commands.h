@@ -10,10 +10,10 @@
 namespace tensorizer::cli {
 
 struct CommonOptions {
-  std::string key_file;         // 32 raw key bytes, for encrypted files
-  std::string passphrase_env;   // name of an environment variable holding a passphrase
+  std::string key_file;        // 32 raw key bytes, for encrypted files
+  std::string passphrase_env;  // name of an environment variable holding a passphrase
   int workers = 0;
-  TransportOptions transport;   // --ca-file, --s3-endpoint, ... (see transport_flags.cc)
+  TransportOptions transport;  // --ca-file, --s3-endpoint, ... (see transport_flags.cc)
 };
 
 // Adds the remote-transport flags (TLS trust, S3 endpoint/config/region, timeouts).

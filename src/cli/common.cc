@@ -15,7 +15,8 @@ void set_exit_code(int code) { g_exit_code = code; }
 int exit_code() { return g_exit_code; }
 
 void add_common_options(CLI::App* cmd, CommonOptions& common) {
-  cmd->add_option("--key-file", common.key_file, "file holding the 32-byte key of an encrypted file");
+  cmd->add_option("--key-file", common.key_file,
+                  "file holding the 32-byte key of an encrypted file");
   cmd->add_option("--passphrase-env", common.passphrase_env,
                   "environment variable holding the passphrase of an encrypted file");
   cmd->add_option("--workers", common.workers, "concurrent readers (default: one per core)");
@@ -30,7 +31,8 @@ ReaderOptions reader_options(const CommonOptions& common) {
     if (!f) fail(ErrorCode::kNotFound, "cannot read key file '" + common.key_file + "'");
     std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     if (bytes.size() != 32)
-      fail(ErrorCode::kInvalidArgument, "key file '" + common.key_file + "' must hold exactly 32 bytes, not " +
+      fail(ErrorCode::kInvalidArgument, "key file '" + common.key_file +
+                                            "' must hold exactly 32 bytes, not " +
                                             std::to_string(bytes.size()));
     Key key;
     std::copy(bytes.begin(), bytes.end(), key.begin());
@@ -38,7 +40,8 @@ ReaderOptions reader_options(const CommonOptions& common) {
   } else if (!common.passphrase_env.empty()) {
     const char* p = std::getenv(common.passphrase_env.c_str());
     if (!p || !*p)
-      fail(ErrorCode::kInvalidArgument, "environment variable '" + common.passphrase_env + "' is not set");
+      fail(ErrorCode::kInvalidArgument,
+           "environment variable '" + common.passphrase_env + "' is not set");
     options.decryption = DecryptionParams::from_passphrase(p);
   }
   return options;

@@ -48,21 +48,24 @@ void run_cp(const CpOptions& o) {
     if (!final && now - last < std::chrono::milliseconds(tty ? 250 : 5000)) return;
     last = now;
     const double secs = std::chrono::duration<double>(now - start).count();
-    std::fprintf(stderr, "%s%s / %s (%3.0f%%) %s/s%s", tty ? "\r" : "", human(done).c_str(), human(total).c_str(),
-                 total ? 100.0 * done / total : 100.0, human(secs > 0 ? done / secs : 0).c_str(),
-                 tty && !final ? "   " : "\n");
+    std::fprintf(stderr, "%s%s / %s (%3.0f%%) %s/s%s", tty ? "\r" : "", human(done).c_str(),
+                 human(total).c_str(), total ? 100.0 * done / total : 100.0,
+                 human(secs > 0 ? done / secs : 0).c_str(), tty && !final ? "   " : "\n");
     std::fflush(stderr);
   };
   const uint64_t n = copy_object(o.src, o.dst, o.transport, o.workers, progress);
-  if (!o.quiet) std::fprintf(stderr, "copied %s to %s (%s)\n", o.src.c_str(), o.dst.c_str(), human(n).c_str());
+  if (!o.quiet)
+    std::fprintf(stderr, "copied %s to %s (%s)\n", o.src.c_str(), o.dst.c_str(), human(n).c_str());
 }
 
 }  // namespace
 
 void register_cp(CLI::App& app) {
   auto o = std::make_shared<CpOptions>();
-  auto* cmd = app.add_subcommand("cp", "copy a .tensors object between file, http(s), s3:// and redis://");
-  cmd->add_option("SRC", o->src, "path or URI to read (file, http(s)://, s3://, redis://)")->required();
+  auto* cmd =
+      app.add_subcommand("cp", "copy a .tensors object between file, http(s), s3:// and redis://");
+  cmd->add_option("SRC", o->src, "path or URI to read (file, http(s)://, s3://, redis://)")
+      ->required();
   cmd->add_option("DST", o->dst, "path or URI to write (file, s3://, redis://)")->required();
   cmd->add_option("--workers", o->workers, "concurrent readers (default: what the source prefers)");
   cmd->add_flag("--quiet,-q", o->quiet, "no progress line");

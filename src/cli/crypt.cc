@@ -4,8 +4,8 @@
 // piece (Reader::read_streamed into Writer::write_streamed). Every input tensor's stored hashes
 // are checked on the way, so a corrupt input never becomes a freshly hashed output; on any error
 // the output is discarded.
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -17,8 +17,8 @@
 namespace tensorizer::cli {
 namespace {
 
-constexpr uint64_t kBatchBytes = 64ull << 20;    // memory for a batch of small tensors
-constexpr uint64_t kStreamAbove = 16ull << 20;   // tensors larger than this are streamed
+constexpr uint64_t kBatchBytes = 64ull << 20;   // memory for a batch of small tensors
+constexpr uint64_t kStreamAbove = 16ull << 20;  // tensors larger than this are streamed
 
 struct CryptOptions {
   std::string in, out;
@@ -34,8 +34,9 @@ uint64_t kdf_limit(const std::string& v, bool ops) {
   char* end = nullptr;
   const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0')
-    fail(ErrorCode::kInvalidArgument, std::string(ops ? "--opslimit" : "--memlimit") + " '" + v +
-                                          "': expected min, interactive, moderate, sensitive or a number");
+    fail(ErrorCode::kInvalidArgument,
+         std::string(ops ? "--opslimit" : "--memlimit") + " '" + v +
+             "': expected min, interactive, moderate, sensitive or a number");
   return n;
 }
 
@@ -45,8 +46,10 @@ EncryptionParams encryption_params(const CommonOptions& common, const CryptOptio
   if (!common.passphrase_env.empty()) {
     const char* p = std::getenv(common.passphrase_env.c_str());
     if (!p || !*p)
-      fail(ErrorCode::kInvalidArgument, "environment variable '" + common.passphrase_env + "' is not set");
-    return EncryptionParams::from_passphrase(p, kdf_limit(o.opslimit, true), kdf_limit(o.memlimit, false));
+      fail(ErrorCode::kInvalidArgument,
+           "environment variable '" + common.passphrase_env + "' is not set");
+    return EncryptionParams::from_passphrase(p, kdf_limit(o.opslimit, true),
+                                             kdf_limit(o.memlimit, false));
   }
   // The key file is read exactly as for decryption (32 raw bytes).
   return EncryptionParams::from_key(*reader_options(common).decryption->key);
@@ -113,7 +116,8 @@ void copy_tensors(Reader& in, const std::string& out, WriterOptions wo, int work
     flush();
     const LoadedTensorInfo& info = in.read_header(i);
     writer->write_streamed(request(i, info), [&](const Writer::Emit& emit) {
-      in.read_streamed(i, [&](uint64_t, const uint8_t* data, size_t n) { emit(data, n); }, lo);
+      in.read_streamed(
+          i, [&](uint64_t, const uint8_t* data, size_t n) { emit(data, n); }, lo);
     });
   }
   flush();
@@ -146,8 +150,8 @@ void run_decrypt(const CommonOptions& common, const CryptOptions& o) {
   copy_tensors(*in, o.out, wo, common.workers, o.quiet);
 }
 
-CLI::App* add_crypt_command(CLI::App& app, const char* name, const char* help, CommonOptions& common,
-                            std::shared_ptr<CryptOptions> o) {
+CLI::App* add_crypt_command(CLI::App& app, const char* name, const char* help,
+                            CommonOptions& common, std::shared_ptr<CryptOptions> o) {
   auto* cmd = app.add_subcommand(name, help);
   cmd->add_option("IN", o->in, "path or URI to read")->required();
   cmd->add_option("OUT", o->out, "path or URI to write")->required();
@@ -160,17 +164,20 @@ CLI::App* add_crypt_command(CLI::App& app, const char* name, const char* help, C
 
 void register_crypt(CLI::App& app, CommonOptions& common) {
   auto enc = std::make_shared<CryptOptions>();
-  auto* e = add_crypt_command(app, "encrypt",
-                              "encrypt an unencrypted .tensors object (key from --key-file, or derived "
-                              "from the passphrase in --passphrase-env with Argon2id)",
-                              common, enc);
-  e->add_option("--opslimit", enc->opslimit, "Argon2id cost: min, interactive, moderate (default), sensitive or N");
+  auto* e =
+      add_crypt_command(app, "encrypt",
+                        "encrypt an unencrypted .tensors object (key from --key-file, or derived "
+                        "from the passphrase in --passphrase-env with Argon2id)",
+                        common, enc);
+  e->add_option("--opslimit", enc->opslimit,
+                "Argon2id cost: min, interactive, moderate (default), sensitive or N");
   e->add_option("--memlimit", enc->memlimit,
                 "Argon2id memory: min, interactive, moderate (default), sensitive or bytes");
   e->callback([enc, &common] { run_encrypt(common, *enc); });
 
   auto dec = std::make_shared<CryptOptions>();
-  auto* d = add_crypt_command(app, "decrypt", "remove the encryption of a .tensors object", common, dec);
+  auto* d =
+      add_crypt_command(app, "decrypt", "remove the encryption of a .tensors object", common, dec);
   d->callback([dec, &common] { run_decrypt(common, *dec); });
 }
 

@@ -18,7 +18,8 @@ std::string json_path(const TensorPath& p) {
   };
   if (p.is_plain()) return component(p.components[0]);
   std::string out = "[";
-  for (size_t i = 0; i < p.components.size(); ++i) out += (i ? "," : "") + component(p.components[i]);
+  for (size_t i = 0; i < p.components.size(); ++i)
+    out += (i ? "," : "") + component(p.components[i]);
   return out + "]";
 }
 
@@ -41,19 +42,21 @@ void run_inspect(const std::string& uri, bool json, const CommonOptions& common)
   const FileHeader& h = reader->header();
   const uint64_t file_size = reader->source().size();
   if (json) {
-    std::printf("{\"uri\":%s,\"file_size\":%llu,\"version\":%u,\"flags\":%llu,\"encrypted\":%s,"
-                "\"tensor_size\":%llu,\"tensor_count\":%llu,\"index_size\":%llu,\"tensors\":[",
-                json_string(uri).c_str(), (unsigned long long)file_size, h.version,
-                (unsigned long long)h.flags, h.has_crypt_info() ? "true" : "false",
-                (unsigned long long)h.tensor_size, (unsigned long long)h.tensor_count,
-                (unsigned long long)h.index_size);
+    std::printf(
+        "{\"uri\":%s,\"file_size\":%llu,\"version\":%u,\"flags\":%llu,\"encrypted\":%s,"
+        "\"tensor_size\":%llu,\"tensor_count\":%llu,\"index_size\":%llu,\"tensors\":[",
+        json_string(uri).c_str(), (unsigned long long)file_size, h.version,
+        (unsigned long long)h.flags, h.has_crypt_info() ? "true" : "false",
+        (unsigned long long)h.tensor_size, (unsigned long long)h.tensor_count,
+        (unsigned long long)h.index_size);
   } else {
-    std::printf("%s: data version %u, flags %llu%s, %llu tensors, %llu data bytes, index %llu bytes\n",
-                uri.c_str(), h.version, (unsigned long long)h.flags,
-                h.has_crypt_info() ? " (encrypted)" : "", (unsigned long long)h.tensor_count,
-                (unsigned long long)h.tensor_size, (unsigned long long)h.index_size);
-    std::printf("%-40s %-10s %4s %-16s %-18s %12s %12s %12s\n", "name", "type", "mod", "dtype", "shape",
-                "bytes", "header@", "data@");
+    std::printf(
+        "%s: data version %u, flags %llu%s, %llu tensors, %llu data bytes, index %llu bytes\n",
+        uri.c_str(), h.version, (unsigned long long)h.flags,
+        h.has_crypt_info() ? " (encrypted)" : "", (unsigned long long)h.tensor_count,
+        (unsigned long long)h.tensor_size, (unsigned long long)h.index_size);
+    std::printf("%-40s %-10s %4s %-16s %-18s %12s %12s %12s\n", "name", "type", "mod", "dtype",
+                "shape", "bytes", "header@", "data@");
   }
   const auto& entries = reader->entries();
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -64,26 +67,27 @@ void run_inspect(const std::string& uri, bool json, const CommonOptions& common)
       std::string hashes;
       const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
       for (const auto& hv : info.header.hashes) {
-        hashes += std::string(hashes.empty() ? "" : ",") + "{\"type\":" +
-                  json_string(hv.type == HashType::kCrc32 ? "crc32" : "sha256") + ",\"value\":\"" +
-                  to_hex(raw + hv.value_offset, hv.value_size) + "\"}";
+        hashes += std::string(hashes.empty() ? "" : ",") +
+                  "{\"type\":" + json_string(hv.type == HashType::kCrc32 ? "crc32" : "sha256") +
+                  ",\"value\":\"" + to_hex(raw + hv.value_offset, hv.value_size) + "\"}";
       }
-      std::printf("%s{\"name\":%s,\"type\":%d,\"type_name\":\"%s\",\"module_idx\":%u,\"dtype\":%s,"
-                  "\"torch_dtype\":%s,\"shape\":%s,\"nbytes\":%llu,\"loaded_bytes\":%llu,\"meta\":%s,"
-                  "\"encrypted\":%s,\"header_offset\":%llu,\"data_offset\":%llu,\"hashes\":[%s]}",
-                  i ? "," : "", json_path(e.path).c_str(), static_cast<int>(e.type),
-                  tensor_type_name(e.type), info.module_idx, json_string(e.dtype).c_str(),
-                  json_string(dt.torch_name()).c_str(), json_shape(e.shape).c_str(),
-                  (unsigned long long)e.data_length, (unsigned long long)e.expected_bytes(),
-                  e.is_meta() ? "true" : "false",
-                  info.header.has_crypt_field && info.header.crypt_info_size > 2 ? "true" : "false",
-                  (unsigned long long)e.header_offset, (unsigned long long)e.data_offset, hashes.c_str());
+      std::printf(
+          "%s{\"name\":%s,\"type\":%d,\"type_name\":\"%s\",\"module_idx\":%u,\"dtype\":%s,"
+          "\"torch_dtype\":%s,\"shape\":%s,\"nbytes\":%llu,\"loaded_bytes\":%llu,\"meta\":%s,"
+          "\"encrypted\":%s,\"header_offset\":%llu,\"data_offset\":%llu,\"hashes\":[%s]}",
+          i ? "," : "", json_path(e.path).c_str(), static_cast<int>(e.type),
+          tensor_type_name(e.type), info.module_idx, json_string(e.dtype).c_str(),
+          json_string(dt.torch_name()).c_str(), json_shape(e.shape).c_str(),
+          (unsigned long long)e.data_length, (unsigned long long)e.expected_bytes(),
+          e.is_meta() ? "true" : "false",
+          info.header.has_crypt_field && info.header.crypt_info_size > 2 ? "true" : "false",
+          (unsigned long long)e.header_offset, (unsigned long long)e.data_offset, hashes.c_str());
     } else {
-      std::printf("%-40s %-10s %4u %-16s %-18s %12llu %12llu %12llu%s\n", display_path(e.path).c_str(),
-                  tensor_type_name(e.type), info.module_idx, printable_dtype(e.dtype).c_str(),
-                  json_shape(e.shape).c_str(), (unsigned long long)e.expected_bytes(),
-                  (unsigned long long)e.header_offset, (unsigned long long)e.data_offset,
-                  e.is_meta() ? " meta" : "");
+      std::printf("%-40s %-10s %4u %-16s %-18s %12llu %12llu %12llu%s\n",
+                  display_path(e.path).c_str(), tensor_type_name(e.type), info.module_idx,
+                  printable_dtype(e.dtype).c_str(), json_shape(e.shape).c_str(),
+                  (unsigned long long)e.expected_bytes(), (unsigned long long)e.header_offset,
+                  (unsigned long long)e.data_offset, e.is_meta() ? " meta" : "");
     }
   }
   if (json) std::printf("]}\n");

@@ -13,9 +13,12 @@ namespace tensorizer::cli {
 inline std::string json_string(std::string_view s) {
   std::string out = "\"";
   for (unsigned char c : s) {
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c >= 0x20 && c != 0x7f) out += static_cast<char>(c);
+    if (c == '"')
+      out += "\\\"";
+    else if (c == '\\')
+      out += "\\\\";
+    else if (c >= 0x20 && c != 0x7f)
+      out += static_cast<char>(c);
     else {
       char b[8];
       std::snprintf(b, sizeof b, "\\u%04x", c);

@@ -9,24 +9,33 @@ void add_transport_options(CLI::App* cmd, TransportOptions& t) {
   cmd->add_option("--ca-file", t.ca_file, "CA bundle to trust for https:// and S3");
   cmd->add_option("--ca-path", t.ca_path, "directory of CA certificates to trust (c_rehash'ed)");
   cmd->add_flag("--insecure", t.allow_untrusted, "do not verify TLS certificates");
-  cmd->add_option("--header", t.http_headers, "extra HTTP request header 'Name: value' (repeatable)");
-  cmd->add_option_function<std::string>("--s3-endpoint", [&t](const std::string& v) { t.s3_endpoint = v; },
-                                        "S3 endpoint (host[:port] or URL)");
-  cmd->add_option_function<std::string>("--s3-config", [&t](const std::string& v) { t.s3_config_path = v; },
-                                        "s3cmd config file with credentials (default ~/.s3cfg)");
-  cmd->add_option_function<std::string>("--s3-region", [&t](const std::string& v) { t.s3_region = v; },
-                                        "S3 region for request signing");
-  cmd->add_option_function<std::string>("--s3-profile", [&t](const std::string& v) { t.s3_profile = v; },
-                                        "profile in ~/.aws/credentials and ~/.aws/config");
-  cmd->add_flag_callback("--force-http", [&t] { t.force_http = true; }, "talk plain HTTP to the S3 endpoint");
-  cmd->add_flag_callback("--s3-virtual-hosted", [&t] { t.s3_virtual_hosted = true; },
-                         "virtual-hosted S3 addressing (bucket.host) instead of path-style");
+  cmd->add_option("--header", t.http_headers,
+                  "extra HTTP request header 'Name: value' (repeatable)");
+  cmd->add_option_function<std::string>(
+      "--s3-endpoint", [&t](const std::string& v) { t.s3_endpoint = v; },
+      "S3 endpoint (host[:port] or URL)");
+  cmd->add_option_function<std::string>(
+      "--s3-config", [&t](const std::string& v) { t.s3_config_path = v; },
+      "s3cmd config file with credentials (default ~/.s3cfg)");
+  cmd->add_option_function<std::string>(
+      "--s3-region", [&t](const std::string& v) { t.s3_region = v; },
+      "S3 region for request signing");
+  cmd->add_option_function<std::string>(
+      "--s3-profile", [&t](const std::string& v) { t.s3_profile = v; },
+      "profile in ~/.aws/credentials and ~/.aws/config");
+  cmd->add_flag_callback(
+      "--force-http", [&t] { t.force_http = true; }, "talk plain HTTP to the S3 endpoint");
+  cmd->add_flag_callback(
+      "--s3-virtual-hosted", [&t] { t.s3_virtual_hosted = true; },
+      "virtual-hosted S3 addressing (bucket.host) instead of path-style");
   cmd->add_option_function<uint64_t>(
          "--read-mib", [&t](uint64_t mib) { t.read_bytes = mib << 20; },
          "MiB per ranged GET of http(s):// and s3:// loads (default $TENSORIZER_READ_MIB, else 16)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
-  cmd->add_option("--stall-timeout", t.stall_timeout_s, "seconds without progress before a transfer fails");
-  cmd->add_option("--retries", t.max_retries, "retries of a failed transfer (consecutive, without progress)");
+  cmd->add_option("--stall-timeout", t.stall_timeout_s,
+                  "seconds without progress before a transfer fails");
+  cmd->add_option("--retries", t.max_retries,
+                  "retries of a failed transfer (consecutive, without progress)");
 }
 
 }  // namespace tensorizer::cli

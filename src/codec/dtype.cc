@@ -7,33 +7,53 @@ namespace tensorizer {
 namespace {
 
 struct TorchDType {
-  const char* name;     // without the "torch." prefix
-  const char* numpy;    // numpy string when numpy has the type, else nullptr (opaque)
+  const char* name;   // without the "torch." prefix
+  const char* numpy;  // numpy string when numpy has the type, else nullptr (opaque)
   uint32_t itemsize;
 };
 
 // Every torch 2.13 dtype that can be serialized. Quantized dtypes are absent on purpose.
 constexpr TorchDType kTorchDTypes[] = {
-    {"float16", "<f2", 2},         {"float32", "<f4", 4},
-    {"float64", "<f8", 8},         {"int8", "|i1", 1},
-    {"uint8", "|u1", 1},           {"int16", "<i2", 2},
-    {"int32", "<i4", 4},           {"int64", "<i8", 8},
-    {"bool", "|b1", 1},            {"complex64", "<c8", 8},
-    {"complex128", "<c16", 16},    {"uint16", "<u2", 2},
-    {"uint32", "<u4", 4},          {"uint64", "<u8", 8},
-    {"bfloat16", nullptr, 2},      {"complex32", nullptr, 4},
-    {"float8_e5m2", nullptr, 1},   {"float8_e4m3fn", nullptr, 1},
-    {"float8_e5m2fnuz", nullptr, 1}, {"float8_e4m3fnuz", nullptr, 1},
-    {"float8_e8m0fnu", nullptr, 1}, {"float4_e2m1fn_x2", nullptr, 1},
-    {"bits8", nullptr, 1},         {"bits16", nullptr, 2},
-    {"bits1x8", nullptr, 1},       {"bits2x4", nullptr, 1},
-    {"bits4x2", nullptr, 1},       {"uint1", nullptr, 1},
-    {"uint2", nullptr, 1},         {"uint3", nullptr, 1},
-    {"uint4", nullptr, 1},         {"uint5", nullptr, 1},
-    {"uint6", nullptr, 1},         {"uint7", nullptr, 1},
-    {"int1", nullptr, 1},          {"int2", nullptr, 1},
-    {"int3", nullptr, 1},          {"int4", nullptr, 1},
-    {"int5", nullptr, 1},          {"int6", nullptr, 1},
+    {"float16", "<f2", 2},
+    {"float32", "<f4", 4},
+    {"float64", "<f8", 8},
+    {"int8", "|i1", 1},
+    {"uint8", "|u1", 1},
+    {"int16", "<i2", 2},
+    {"int32", "<i4", 4},
+    {"int64", "<i8", 8},
+    {"bool", "|b1", 1},
+    {"complex64", "<c8", 8},
+    {"complex128", "<c16", 16},
+    {"uint16", "<u2", 2},
+    {"uint32", "<u4", 4},
+    {"uint64", "<u8", 8},
+    {"bfloat16", nullptr, 2},
+    {"complex32", nullptr, 4},
+    {"float8_e5m2", nullptr, 1},
+    {"float8_e4m3fn", nullptr, 1},
+    {"float8_e5m2fnuz", nullptr, 1},
+    {"float8_e4m3fnuz", nullptr, 1},
+    {"float8_e8m0fnu", nullptr, 1},
+    {"float4_e2m1fn_x2", nullptr, 1},
+    {"bits8", nullptr, 1},
+    {"bits16", nullptr, 2},
+    {"bits1x8", nullptr, 1},
+    {"bits2x4", nullptr, 1},
+    {"bits4x2", nullptr, 1},
+    {"uint1", nullptr, 1},
+    {"uint2", nullptr, 1},
+    {"uint3", nullptr, 1},
+    {"uint4", nullptr, 1},
+    {"uint5", nullptr, 1},
+    {"uint6", nullptr, 1},
+    {"uint7", nullptr, 1},
+    {"int1", nullptr, 1},
+    {"int2", nullptr, 1},
+    {"int3", nullptr, 1},
+    {"int4", nullptr, 1},
+    {"int5", nullptr, 1},
+    {"int6", nullptr, 1},
     {"int7", nullptr, 1},
 };
 
@@ -64,7 +84,8 @@ std::string DType::torch_name() const {
   std::string key(1, kind);
   key += std::to_string(itemsize);
   for (const auto& t : kTorchDTypes) {
-    if (t.numpy && key == std::string_view(t.numpy).substr(1)) return std::string("torch.") + t.name;
+    if (t.numpy && key == std::string_view(t.numpy).substr(1))
+      return std::string("torch.") + t.name;
   }
   return "";
 }
@@ -94,9 +115,11 @@ DType parse_dtype(std::string_view s) {
   d.numpy = std::string(np);
   if (d.opaque()) {
     if (d.torch.empty()) bad_dtype(s, "opaque dtype without a torch dtype name");
-    if (d.torch.substr(0, 6) != "torch.") bad_dtype(s, "opaque torch name must start with 'torch.'");
+    if (d.torch.substr(0, 6) != "torch.")
+      bad_dtype(s, "opaque torch name must start with 'torch.'");
     const TorchDType* t = find_torch(d.torch);
-    if (t && t->itemsize != d.itemsize) bad_dtype(s, "opaque item size does not match the torch dtype");
+    if (t && t->itemsize != d.itemsize)
+      bad_dtype(s, "opaque item size does not match the torch dtype");
   } else if (!d.torch.empty()) {
     bad_dtype(s, "torch dtype name on a non-opaque dtype");
   }

@@ -14,9 +14,9 @@ FileHeader parse_file_header(const uint8_t* data, size_t size) {
   FileHeader h;
   h.version = c.read<uint32_t>("data version");
   if (h.version < kMinVersion || h.version > kMaxVersion)
-    fail(ErrorCode::kUnsupportedVersion,
-         "unsupported data version " + std::to_string(h.version) + " (this build reads " +
-             std::to_string(kMinVersion) + " to " + std::to_string(kMaxVersion) + ")");
+    fail(ErrorCode::kUnsupportedVersion, "unsupported data version " + std::to_string(h.version) +
+                                             " (this build reads " + std::to_string(kMinVersion) +
+                                             " to " + std::to_string(kMaxVersion) + ")");
   if (size < kPreludeSize)
     fail(ErrorCode::kFormat, "file too small: ran out of data before reading a full header (" +
                                  std::to_string(size) + " of " + std::to_string(kPreludeSize) +
@@ -55,9 +55,12 @@ std::string encode_file_header(const FileHeader& h) {
 
 const char* tensor_type_name(TensorType t) {
   switch (t) {
-    case TensorType::kParam: return "PARAM";
-    case TensorType::kBuffer: return "BUFFER";
-    case TensorType::kStateDict: return "STATE_DICT";
+    case TensorType::kParam:
+      return "PARAM";
+    case TensorType::kBuffer:
+      return "BUFFER";
+    case TensorType::kStateDict:
+      return "STATE_DICT";
   }
   return "UNKNOWN";
 }

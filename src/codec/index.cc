@@ -19,7 +19,8 @@ std::string entry_label(size_t i, const std::string& name) {
 uint64_t IndexEntry::num_elements() const {
   uint64_t n = 1;
   for (uint64_t d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) fail(ErrorCode::kFormat, "tensor shape overflows 64 bits");
+    if (__builtin_mul_overflow(n, d, &n))
+      fail(ErrorCode::kFormat, "tensor shape overflows 64 bits");
   }
   return n;
 }
@@ -50,9 +51,9 @@ std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const File
     if (versioned) {
       e.entry_version = c.read<uint32_t>("index entry version");
       if (e.entry_version != 1 && e.entry_version != kLongDimsVersion)
-        fail(ErrorCode::kUnsupportedVersion,
-             "index entry " + std::to_string(i) + " has unsupported metadata version " +
-                 std::to_string(e.entry_version));
+        fail(ErrorCode::kUnsupportedVersion, "index entry " + std::to_string(i) +
+                                                 " has unsupported metadata version " +
+                                                 std::to_string(e.entry_version));
     }
     uint16_t name_len = c.read<uint16_t>("tensor name length");
     e.name = std::string(c.bytes(name_len, "tensor name"));
@@ -69,7 +70,8 @@ std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const File
     e.dtype = std::string(c.bytes(dtype_len, "dtype"));
     uint8_t ndim = c.read<uint8_t>("shape length");
     e.shape.resize(ndim);
-    for (auto& d : e.shape) d = e.long_shape() ? c.read<uint64_t>("shape") : c.read<uint32_t>("shape");
+    for (auto& d : e.shape)
+      d = e.long_shape() ? c.read<uint64_t>("shape") : c.read<uint32_t>("shape");
     e.header_offset = c.read<uint64_t>("header offset");
     e.data_offset = c.read<uint64_t>("data offset");
     e.data_length = c.read<uint64_t>("data length");
@@ -120,8 +122,10 @@ void encode_index_entry(const IndexEntry& e, bool versioned, std::string& out) {
   a.bytes(e.dtype);
   a.put<uint8_t>(static_cast<uint8_t>(e.shape.size()));
   for (uint64_t d : e.shape) {
-    if (e.long_shape()) a.put<uint64_t>(d);
-    else a.put<uint32_t>(static_cast<uint32_t>(d));
+    if (e.long_shape())
+      a.put<uint64_t>(d);
+    else
+      a.put<uint32_t>(static_cast<uint32_t>(d));
   }
   a.put<uint64_t>(e.header_offset);
   a.put<uint64_t>(e.data_offset);

@@ -29,7 +29,8 @@ TensorHeader parse_tensor_header(const uint8_t* data, size_t size, bool has_cryp
 
   uint16_t hash_len = c.read<uint16_t>("hash section length");
   const size_t hash_end = c.pos() + hash_len;
-  if (hash_len > c.remaining()) fail(ErrorCode::kFormat, "hash section runs past the tensor header");
+  if (hash_len > c.remaining())
+    fail(ErrorCode::kFormat, "hash section runs past the tensor header");
   uint8_t count = c.read<uint8_t>("hash count");
   for (uint8_t i = 0; i < count; ++i) {
     uint8_t t = c.read<uint8_t>("hash type");
@@ -57,11 +58,16 @@ TensorHeader parse_tensor_header(const uint8_t* data, size_t size, bool has_cryp
 
 void check_header_matches_entry(const TensorHeader& h, const IndexEntry& e) {
   const char* what = nullptr;
-  if (h.name != e.name) what = "name";
-  else if (h.type != e.type) what = "tensor type";
-  else if (h.dtype != e.dtype) what = "dtype";
-  else if (h.shape != e.shape) what = "shape";
-  else if (static_cast<uint64_t>(h.data_length) != e.data_length) what = "data length";
+  if (h.name != e.name)
+    what = "name";
+  else if (h.type != e.type)
+    what = "tensor type";
+  else if (h.dtype != e.dtype)
+    what = "dtype";
+  else if (h.shape != e.shape)
+    what = "shape";
+  else if (static_cast<uint64_t>(h.data_length) != e.data_length)
+    what = "data length";
   if (what)
     fail(ErrorCode::kFormat, std::string("tensor header at offset ") +
                                  std::to_string(e.header_offset) + " disagrees with the index on " +
@@ -89,8 +95,10 @@ EncodedTensorHeader encode_tensor_header(const TensorHeaderFields& f, uint64_t h
   a.bytes(f.dtype);
   a.put<uint8_t>(static_cast<uint8_t>(f.shape->size()));
   for (uint64_t d : *f.shape) {
-    if (f.long_shape) a.put<uint64_t>(d);
-    else a.put<uint32_t>(static_cast<uint32_t>(d));
+    if (f.long_shape)
+      a.put<uint64_t>(d);
+    else
+      a.put<uint32_t>(static_cast<uint32_t>(d));
   }
   const uint16_t hash_len = 1 + (f.crc32 ? 6 : 0) + (f.sha256 ? 34 : 0);
   a.put<uint16_t>(hash_len);

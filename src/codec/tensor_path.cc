@@ -29,7 +29,7 @@ constexpr char kStructuredMarker = '\x1e';
 uint32_t next_code_point(std::string_view s, size_t& i) {
   auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   unsigned char b0 = byte(i);
-  int extra = b0 < 0x80 ? 0
+  int extra = b0 < 0x80             ? 0
               : (b0 & 0xe0) == 0xc0 ? 1
               : (b0 & 0xf0) == 0xe0 ? 2
               : (b0 & 0xf8) == 0xf0 ? 3
@@ -77,13 +77,27 @@ void append_json_string(std::string& out, std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     uint32_t cp = next_code_point(s, i);
     switch (cp) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (cp >= 0x20 && cp < 0x7f) {
           out += static_cast<char>(cp);
@@ -102,7 +116,8 @@ void append_json_string(std::string& out, std::string_view s) {
 // A minimal parser for the JSON arrays of str/non-negative-int that structured names use.
 class PathJsonParser {
  public:
-  explicit PathJsonParser(std::string_view whole, std::string_view json) : whole_(whole), s_(json) {}
+  explicit PathJsonParser(std::string_view whole, std::string_view json)
+      : whole_(whole), s_(json) {}
 
   TensorPath parse() {
     TensorPath path;
@@ -140,7 +155,8 @@ class PathJsonParser {
     ++i_;
   }
   void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+      ++i_;
   }
   uint64_t integer() {
     if (peek() == '0' && i_ + 1 < s_.size() && s_[i_ + 1] >= '0' && s_[i_ + 1] <= '9')
@@ -162,10 +178,14 @@ class PathJsonParser {
     for (int k = 0; k < 4; ++k) {
       char c = s_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else bad_name(whole_, "bad \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        bad_name(whole_, "bad \\u escape");
     }
     return v;
   }
@@ -184,14 +204,30 @@ class PathJsonParser {
       if (i_ >= s_.size()) bad_name(whole_, "unterminated escape");
       char e = s_[i_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xd800 && cp <= 0xdbff && i_ + 1 < s_.size() && s_[i_] == '\\' &&
@@ -209,7 +245,8 @@ class PathJsonParser {
           append_utf8(out, cp);
           break;
         }
-        default: bad_name(whole_, "bad escape in structured name");
+        default:
+          bad_name(whole_, "bad escape in structured name");
       }
     }
     return out;

@@ -7,8 +7,8 @@
 #include <atomic>
 #include <exception>
 #include <fstream>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,7 +33,8 @@ void parallel_for_workers(size_t count, int workers, const std::function<void(si
       }
     }
   };
-  const int n = static_cast<int>(std::min<size_t>(count, static_cast<size_t>(std::max(workers, 1))));
+  const int n =
+      static_cast<int>(std::min<size_t>(count, static_cast<size_t>(std::max(workers, 1))));
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(n - 1));
   for (int w = 1; w < n; ++w) threads.emplace_back(work, w);

@@ -1,6 +1,6 @@
-// Fork/join over a list of work items, for every layer (internal header): N threads (the caller is one of them)
-// take items in order; the first exception stops every worker from taking new items and is
-// rethrown to the caller once all have stopped.
+// Fork/join over a list of work items, for every layer (internal header): N threads (the caller is
+// one of them) take items in order; the first exception stops every worker from taking new items
+// and is rethrown to the caller once all have stopped.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +13,8 @@ void parallel_for(size_t count, int workers, const std::function<void(size_t)>& 
 
 // The same, telling each call which worker runs it (0 is the caller; below min(workers, count)),
 // for per-worker state: a connection, a source clone, a staging buffer.
-void parallel_for_workers(size_t count, int workers, const std::function<void(size_t item, int worker)>& item);
+void parallel_for_workers(size_t count, int workers,
+                          const std::function<void(size_t item, int worker)>& item);
 
 // Usable CPU cores of this process (affinity and cgroup quota aware), at least 1; also declared
 // in the public tensorizer/reader.h.

@@ -15,7 +15,8 @@ KeyDerivationChunk parse_key_derivation(codec::ByteCursor& c) {
   KeyDerivationChunk k;
   k.method = c.read<uint16_t>("key derivation method");
   if (k.method != kPwhashMethod)
-    fail(ErrorCode::kCrypto, "unknown key derivation method " + std::to_string(k.method) + " in crypt info");
+    fail(ErrorCode::kCrypto,
+         "unknown key derivation method " + std::to_string(k.method) + " in crypt info");
   k.opslimit = c.read<uint64_t>("pwhash opslimit");
   k.memlimit = c.read<uint64_t>("pwhash memlimit");
   k.algorithm = c.read<int32_t>("pwhash algorithm");
@@ -34,7 +35,8 @@ ParallelChunk parse_parallel(codec::ByteCursor& c) {
   std::memcpy(p.nonce.data(), nonce.data(), kNonceBytes);
   uint64_t count = c.read<uint64_t>("MAC count");
   if (count > c.remaining() / kMacBytes)
-    fail(ErrorCode::kFormat, "crypt info claims " + std::to_string(count) + " MACs but holds room for " +
+    fail(ErrorCode::kFormat, "crypt info claims " + std::to_string(count) +
+                                 " MACs but holds room for " +
                                  std::to_string(c.remaining() / kMacBytes));
   p.macs.resize(count);
   for (auto& m : p.macs) std::memcpy(m.data(), c.bytes(kMacBytes, "MAC").data(), kMacBytes);
@@ -57,15 +59,22 @@ CryptInfo parse_crypt_info(std::string_view body) {
   for (uint16_t i = 0; i < info.chunk_count; ++i) {
     uint64_t len = c.read<uint64_t>("crypt info chunk length");
     if (len > c.remaining())
-      fail(ErrorCode::kFormat, "crypt info chunk " + std::to_string(i) + " is " + std::to_string(len) +
-                                   " bytes but only " + std::to_string(c.remaining()) + " remain");
+      fail(ErrorCode::kFormat, "crypt info chunk " + std::to_string(i) + " is " +
+                                   std::to_string(len) + " bytes but only " +
+                                   std::to_string(c.remaining()) + " remain");
     codec::ByteCursor frame(c.here(), len);
     c.skip(len, "crypt info chunk");
     uint16_t type = frame.read<uint16_t>("crypt info chunk type");
     switch (static_cast<ChunkType>(type)) {
-      case ChunkType::kKeyDerivation: info.key_derivation.push_back(parse_key_derivation(frame)); break;
-      case ChunkType::kXSalsa20Parallel: info.parallel.push_back(parse_parallel(frame)); break;
-      case ChunkType::kXSalsa20Sequential: info.sequential.push_back(parse_sequential(frame)); break;
+      case ChunkType::kKeyDerivation:
+        info.key_derivation.push_back(parse_key_derivation(frame));
+        break;
+      case ChunkType::kXSalsa20Parallel:
+        info.parallel.push_back(parse_parallel(frame));
+        break;
+      case ChunkType::kXSalsa20Sequential:
+        info.sequential.push_back(parse_sequential(frame));
+        break;
       default:
         fail(ErrorCode::kFormat, "unknown crypt info chunk type " + std::to_string(type) +
                                      " (written by a newer tensorizer?)");
@@ -100,7 +109,8 @@ std::string encode_crypt_info(const KeyDerivationChunk* kdf, const ParallelChunk
   a.put<uint64_t>(chunk.chunk_size);
   a.bytes(std::string_view(reinterpret_cast<const char*>(chunk.nonce.data()), kNonceBytes));
   a.put<uint64_t>(chunk.macs.size());
-  for (const Mac& m : chunk.macs) a.bytes(std::string_view(reinterpret_cast<const char*>(m.data()), kMacBytes));
+  for (const Mac& m : chunk.macs)
+    a.bytes(std::string_view(reinterpret_cast<const char*>(m.data()), kMacBytes));
   return out;
 }
 

@@ -16,15 +16,19 @@ namespace tensorizer::crypto {
 
 inline constexpr size_t kNonceBytes = 24;
 inline constexpr size_t kMacBytes = 16;
-inline constexpr uint64_t kChunkQuantum = 64;      // chunk sizes must be multiples of this
-inline constexpr uint64_t kMinChunkSize = 1024;    // and at least this
-inline constexpr uint16_t kPwhashMethod = 1;       // the only key-derivation method
-inline constexpr int32_t kArgon2id13 = 2;          // crypto_pwhash_ALG_ARGON2ID13
+inline constexpr uint64_t kChunkQuantum = 64;    // chunk sizes must be multiples of this
+inline constexpr uint64_t kMinChunkSize = 1024;  // and at least this
+inline constexpr uint16_t kPwhashMethod = 1;     // the only key-derivation method
+inline constexpr int32_t kArgon2id13 = 2;        // crypto_pwhash_ALG_ARGON2ID13
 
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
 
-enum class ChunkType : uint16_t { kKeyDerivation = 1, kXSalsa20Parallel = 2, kXSalsa20Sequential = 3 };
+enum class ChunkType : uint16_t {
+  kKeyDerivation = 1,
+  kXSalsa20Parallel = 2,
+  kXSalsa20Sequential = 3
+};
 
 struct KeyDerivationChunk {
   uint16_t method = kPwhashMethod;

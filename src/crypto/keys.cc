@@ -11,11 +11,13 @@ namespace tensorizer {
 namespace {
 
 void check_limits(uint64_t opslimit, uint64_t memlimit, ErrorCode code) {
-  if (opslimit < crypto_pwhash_argon2id_OPSLIMIT_MIN || opslimit > crypto_pwhash_argon2id_OPSLIMIT_MAX)
+  if (opslimit < crypto_pwhash_argon2id_OPSLIMIT_MIN ||
+      opslimit > crypto_pwhash_argon2id_OPSLIMIT_MAX)
     fail(code, "Argon2id opslimit " + std::to_string(opslimit) + " is out of range [" +
                    std::to_string(crypto_pwhash_argon2id_OPSLIMIT_MIN) + ", " +
                    std::to_string(crypto_pwhash_argon2id_OPSLIMIT_MAX) + "]");
-  if (memlimit < crypto_pwhash_argon2id_MEMLIMIT_MIN || memlimit > crypto_pwhash_argon2id_MEMLIMIT_MAX)
+  if (memlimit < crypto_pwhash_argon2id_MEMLIMIT_MIN ||
+      memlimit > crypto_pwhash_argon2id_MEMLIMIT_MAX)
     fail(code, "Argon2id memlimit " + std::to_string(memlimit) + " is out of range [" +
                    std::to_string(crypto_pwhash_argon2id_MEMLIMIT_MIN) + ", " +
                    std::to_string(crypto_pwhash_argon2id_MEMLIMIT_MAX) + "]");
@@ -70,8 +72,10 @@ EncryptionParams EncryptionParams::from_passphrase(const std::string& passphrase
   KdfParams kdf;
   kdf.opslimit = opslimit;
   kdf.memlimit = memlimit;
-  if (salt) kdf.salt = *salt;
-  else randombytes_buf(kdf.salt.data(), kdf.salt.size());
+  if (salt)
+    kdf.salt = *salt;
+  else
+    randombytes_buf(kdf.salt.data(), kdf.salt.size());
   EncryptionParams p;
   p.key = derive_key(passphrase, kdf);
   p.kdf = kdf;
@@ -84,12 +88,12 @@ Key derive_key(const std::string& passphrase, const KdfParams& params) {
   check_limits(params.opslimit, params.memlimit, ErrorCode::kCrypto);
   static_assert(sizeof(params.salt) == crypto_pwhash_argon2id_SALTBYTES);
   Key key{};
-  if (crypto_pwhash(key.data(), key.size(), passphrase.data(), passphrase.size(), params.salt.data(),
-                    params.opslimit, static_cast<size_t>(params.memlimit),
+  if (crypto_pwhash(key.data(), key.size(), passphrase.data(), passphrase.size(),
+                    params.salt.data(), params.opslimit, static_cast<size_t>(params.memlimit),
                     crypto_pwhash_ALG_ARGON2ID13) != 0)
-    fail(ErrorCode::kCrypto, "Argon2id key derivation failed (opslimit " + std::to_string(params.opslimit) +
-                                 ", memlimit " + std::to_string(params.memlimit) +
-                                 " bytes): out of memory?");
+    fail(ErrorCode::kCrypto, "Argon2id key derivation failed (opslimit " +
+                                 std::to_string(params.opslimit) + ", memlimit " +
+                                 std::to_string(params.memlimit) + " bytes): out of memory?");
   return key;
 }
 

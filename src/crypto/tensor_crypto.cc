@@ -31,7 +31,9 @@ void add_le(Nonce& n, uint64_t v) {
 
 std::string big_endian(const Nonce& n) { return std::string(n.rbegin(), n.rend()); }
 
-uint64_t chunks_for(uint64_t length, uint64_t chunk) { return length == 0 ? 0 : (length - 1) / chunk + 1; }
+uint64_t chunks_for(uint64_t length, uint64_t chunk) {
+  return length == 0 ? 0 : (length - 1) / chunk + 1;
+}
 
 // Argon2id parameters come from the file, so a hostile one could ask for hours of work or more
 // memory than the machine has. Refuse work above 64 x SENSITIVE (4 passes over 1 GiB, ~3 s), about
@@ -43,9 +45,10 @@ void check_file_kdf(uint64_t opslimit, uint64_t memlimit) {
   const uint64_t ram = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : UINT64_MAX;
   uint64_t work = 0;
   if (memlimit > ram || __builtin_mul_overflow(opslimit, memlimit, &work) || work > kMaxKdfWork)
-    fail(ErrorCode::kCrypto, "refusing the file's key derivation parameters (opslimit " + std::to_string(opslimit) +
-                                 ", memlimit " + std::to_string(memlimit) +
-                                 " bytes): far beyond any preset, more work or memory than this reader allows");
+    fail(ErrorCode::kCrypto,
+         "refusing the file's key derivation parameters (opslimit " + std::to_string(opslimit) +
+             ", memlimit " + std::to_string(memlimit) +
+             " bytes): far beyond any preset, more work or memory than this reader allows");
 }
 
 }  // namespace
@@ -58,13 +61,16 @@ Nonce nonce_at(const Nonce& n0, uint64_t index) {
 
 // ---- Decryption ------------------------------------------------------------------------------
 
-std::unique_ptr<TensorDecryptor> TensorDecryptor::create(std::string_view crypt_info, uint64_t data_length,
-                                                         const DecryptionParams& params, KeyCache& cache) {
+std::unique_ptr<TensorDecryptor> TensorDecryptor::create(std::string_view crypt_info,
+                                                         uint64_t data_length,
+                                                         const DecryptionParams& params,
+                                                         KeyCache& cache) {
   CryptInfo info = parse_crypt_info(crypt_info);
   if (info.chunk_count == 0) return nullptr;
   ensure_sodium();
   const size_t methods = info.parallel.size() + info.sequential.size();
-  if (methods == 0) fail(ErrorCode::kCrypto, "No known encryption method found in the tensor's crypt info");
+  if (methods == 0)
+    fail(ErrorCode::kCrypto, "No known encryption method found in the tensor's crypt info");
   if (methods > 1)
     fail(ErrorCode::kCrypto, "Could not interpret the encryption method: the crypt info holds " +
                                  std::to_string(methods) + " of them");
@@ -79,16 +85,18 @@ std::unique_ptr<TensorDecryptor> TensorDecryptor::create(std::string_view crypt_
     ParallelChunk& p = info.parallel[0];
     d->nonce_ = p.nonce;
     d->macs_ = std::move(p.macs);
-    if (d->macs_.empty()) fail(ErrorCode::kFormat, "crypt info holds no MACs for an encrypted tensor");
+    if (d->macs_.empty())
+      fail(ErrorCode::kFormat, "crypt info holds no MACs for an encrypted tensor");
     if (d->macs_.size() == 1) {
       d->chunk_size_ = data_length;  // chunk size is ignored: one secretbox (spec §3.7 step 5)
     } else {
       d->chunk_size_ = p.chunk_size;
       const uint64_t expected = chunks_for(data_length, p.chunk_size);
       if (expected != d->macs_.size())
-        fail(ErrorCode::kFormat, "crypt info holds " + std::to_string(d->macs_.size()) + " MACs, but " +
-                                     std::to_string(data_length) + " bytes in chunks of " +
-                                     std::to_string(p.chunk_size) + " make " + std::to_string(expected));
+        fail(ErrorCode::kFormat, "crypt info holds " + std::to_string(d->macs_.size()) +
+                                     " MACs, but " + std::to_string(data_length) +
+                                     " bytes in chunks of " + std::to_string(p.chunk_size) +
+                                     " make " + std::to_string(expected));
     }
   }
 
@@ -96,20 +104,23 @@ std::unique_ptr<TensorDecryptor> TensorDecryptor::create(std::string_view crypt_
     d->key_ = *params.key;
   } else if (params.passphrase) {
     if (info.key_derivation.empty())
-      fail(ErrorCode::kCrypto,
-           "a passphrase was given, but the tensor was encrypted with an exact key, not one derived "
-           "from a passphrase; decrypt it with its key (DecryptionParams::from_key, --key-file)");
+      fail(
+          ErrorCode::kCrypto,
+          "a passphrase was given, but the tensor was encrypted with an exact key, not one derived "
+          "from a passphrase; decrypt it with its key (DecryptionParams::from_key, --key-file)");
     if (info.key_derivation.size() > 1)
-      fail(ErrorCode::kCrypto, "Could not interpret the key derivation method: the crypt info holds " +
-                                   std::to_string(info.key_derivation.size()) + " of them");
+      fail(ErrorCode::kCrypto,
+           "Could not interpret the key derivation method: the crypt info holds " +
+               std::to_string(info.key_derivation.size()) + " of them");
     const KeyDerivationChunk& k = info.key_derivation[0];
     if (k.algorithm != kArgon2id13)
-      fail(ErrorCode::kCrypto, "unsupported password hashing algorithm " + std::to_string(k.algorithm) +
-                                   " (only Argon2id13 = 2 is known)");
+      fail(ErrorCode::kCrypto, "unsupported password hashing algorithm " +
+                                   std::to_string(k.algorithm) + " (only Argon2id13 = 2 is known)");
     KdfParams kdf;
     if (k.salt.size() != kdf.salt.size())
       fail(ErrorCode::kCrypto, "key derivation salt of " + std::to_string(k.salt.size()) +
-                                   " bytes (Argon2id needs " + std::to_string(kdf.salt.size()) + ")");
+                                   " bytes (Argon2id needs " + std::to_string(kdf.salt.size()) +
+                                   ")");
     check_file_kdf(k.opslimit, k.memlimit);
     kdf.opslimit = k.opslimit;
     kdf.memlimit = k.memlimit;
@@ -126,17 +137,20 @@ TensorDecryptor::~TensorDecryptor() { sodium_memzero(key_.data(), key_.size()); 
 void TensorDecryptor::decrypt_chunk(uint64_t index, uint8_t* data, size_t size) const {
   const uint64_t begin = index * chunk_size_;
   if (index >= macs_.size() || size != std::min(chunk_size_, data_length_ - begin))
-    fail(ErrorCode::kInvalidArgument, "internal: bad decryption chunk " + std::to_string(index) + " of " +
-                                          std::to_string(size) + " bytes");
+    fail(ErrorCode::kInvalidArgument, "internal: bad decryption chunk " + std::to_string(index) +
+                                          " of " + std::to_string(size) + " bytes");
   const Nonce n = nonce_at(nonce_, index);
-  if (crypto_secretbox_open_detached(data, data, macs_[index].data(), size, n.data(), key_.data()) != 0)
-    fail(ErrorCode::kCrypto,
-         "Tensor decryption failed: chunk " + std::to_string(index) + " of " + std::to_string(macs_.size()) +
-             " (data bytes " + std::to_string(begin) + ".." + std::to_string(begin + size) +
-             ") does not authenticate: wrong key or passphrase, or the data or its MAC was modified");
+  if (crypto_secretbox_open_detached(data, data, macs_[index].data(), size, n.data(),
+                                     key_.data()) != 0)
+    fail(ErrorCode::kCrypto, "Tensor decryption failed: chunk " + std::to_string(index) + " of " +
+                                 std::to_string(macs_.size()) + " (data bytes " +
+                                 std::to_string(begin) + ".." + std::to_string(begin + size) +
+                                 ") does not authenticate: wrong key or passphrase, or the data or "
+                                 "its MAC was modified");
 }
 
-void TensorDecryptor::decrypt_chunks(uint64_t first, uint8_t* data, uint64_t size, int workers) const {
+void TensorDecryptor::decrypt_chunks(uint64_t first, uint8_t* data, uint64_t size,
+                                     int workers) const {
   const uint64_t begin = first * chunk_size_;
   if (size == 0) return;
   if (first >= macs_.size() || size > data_length_ - begin ||
@@ -178,9 +192,11 @@ Nonce NonceRegistry::reserve(uint64_t chunk_count) {
 
 // ---- Encryption ------------------------------------------------------------------------------
 
-TensorEncryptor::TensorEncryptor(const EncryptionParams& params, uint64_t data_length, NonceRegistry& nonces)
+TensorEncryptor::TensorEncryptor(const EncryptionParams& params, uint64_t data_length,
+                                 NonceRegistry& nonces)
     : data_length_(data_length), key_(params.key) {
-  if (data_length == 0) fail(ErrorCode::kInvalidArgument, "internal: zero-length tensors are not encrypted");
+  if (data_length == 0)
+    fail(ErrorCode::kInvalidArgument, "internal: zero-length tensors are not encrypted");
   if (params.kdf) {
     KeyDerivationChunk k;
     k.opslimit = params.kdf->opslimit;
@@ -198,14 +214,14 @@ TensorEncryptor::~TensorEncryptor() { sodium_memzero(key_.data(), key_.size()); 
 void TensorEncryptor::encrypt_chunk(uint64_t index, const uint8_t* src, uint8_t* dst, size_t size) {
   const uint64_t begin = index * kChunkSize;
   if (index >= chunk_.macs.size() || size != std::min(kChunkSize, data_length_ - begin))
-    fail(ErrorCode::kInvalidArgument, "internal: bad encryption chunk " + std::to_string(index) + " of " +
-                                          std::to_string(size) + " bytes");
+    fail(ErrorCode::kInvalidArgument, "internal: bad encryption chunk " + std::to_string(index) +
+                                          " of " + std::to_string(size) + " bytes");
   const Nonce n = nonce_at(chunk_.nonce, index);
   crypto_secretbox_detached(dst, chunk_.macs[index].data(), src, size, n.data(), key_.data());
 }
 
-void TensorEncryptor::encrypt_chunks(uint64_t first, const uint8_t* src, uint8_t* dst, uint64_t size,
-                                     int workers) {
+void TensorEncryptor::encrypt_chunks(uint64_t first, const uint8_t* src, uint8_t* dst,
+                                     uint64_t size, int workers) {
   const uint64_t begin = first * kChunkSize;
   if (size == 0) return;
   if (first >= chunk_.macs.size() || size > data_length_ - begin ||
@@ -213,11 +229,14 @@ void TensorEncryptor::encrypt_chunks(uint64_t first, const uint8_t* src, uint8_t
     fail(ErrorCode::kInvalidArgument, "internal: encryption range is not made of whole chunks");
   parallel_for(chunks_for(size, kChunkSize), workers, [&](size_t i) {
     const uint64_t off = i * kChunkSize;
-    encrypt_chunk(first + i, src + off, dst + off, std::min(kChunkSize, data_length_ - begin - off));
+    encrypt_chunk(first + i, src + off, dst + off,
+                  std::min(kChunkSize, data_length_ - begin - off));
   });
 }
 
-std::string TensorEncryptor::crypt_info() const { return encode_crypt_info(kdf_ ? &*kdf_ : nullptr, chunk_); }
+std::string TensorEncryptor::crypt_info() const {
+  return encode_crypt_info(kdf_ ? &*kdf_ : nullptr, chunk_);
+}
 
 uint64_t TensorEncryptor::crypt_info_size(const EncryptionParams& params, uint64_t data_length) {
   return crypto::crypt_info_size(params.kdf.has_value(), params.kdf ? params.kdf->salt.size() : 0,

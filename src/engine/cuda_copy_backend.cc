@@ -22,10 +22,10 @@ namespace {
 using cudaError_t = int;
 using cudaStream_t = void*;
 using cudaEvent_t = void*;
-constexpr unsigned kHostAllocPortable = 1;  // cudaHostAllocPortable
-constexpr unsigned kStreamNonBlocking = 1;  // cudaStreamNonBlocking
-constexpr unsigned kEventDisableTiming = 2; // cudaEventDisableTiming
-constexpr int kMemcpyDefault = 4;           // cudaMemcpyDefault (unified addressing decides)
+constexpr unsigned kHostAllocPortable = 1;   // cudaHostAllocPortable
+constexpr unsigned kStreamNonBlocking = 1;   // cudaStreamNonBlocking
+constexpr unsigned kEventDisableTiming = 2;  // cudaEventDisableTiming
+constexpr int kMemcpyDefault = 4;            // cudaMemcpyDefault (unified addressing decides)
 
 struct CudaRuntime {
   void* handle = nullptr;
@@ -47,7 +47,8 @@ struct CudaRuntime {
   const char* (*GetErrorString)(cudaError_t);
 
   void check(cudaError_t rc, const char* what) const {
-    if (rc != 0) fail(ErrorCode::kIO, std::string("CUDA ") + what + " failed: " + GetErrorString(rc));
+    if (rc != 0)
+      fail(ErrorCode::kIO, std::string("CUDA ") + what + " failed: " + GetErrorString(rc));
   }
 };
 
@@ -61,8 +62,10 @@ void load_symbol(void* handle, const std::string& path, const char* name, F& fn)
 // the process (torch's), else one found by name.
 std::unique_ptr<CudaRuntime> open_runtime(const std::string& library) {
   std::vector<std::string> names;
-  if (!library.empty()) names.push_back(library);
-  else if (const char* env = std::getenv("TENSORIZER_CUDART"); env && *env) names.emplace_back(env);
+  if (!library.empty())
+    names.push_back(library);
+  else if (const char* env = std::getenv("TENSORIZER_CUDART"); env && *env)
+    names.emplace_back(env);
   for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"})
     if (library.empty()) names.emplace_back(n);
   auto rt = std::make_unique<CudaRuntime>();
@@ -75,9 +78,10 @@ std::unique_ptr<CudaRuntime> open_runtime(const std::string& library) {
     if (rt->handle) break;
   }
   if (!rt->handle)
-    fail(ErrorCode::kUnsupported, library.empty() ? "no CUDA runtime (libcudart) is loaded or can be found; set "
-                                                    "TENSORIZER_CUDART to its path"
-                                                  : "cannot load the CUDA runtime '" + library + "'");
+    fail(ErrorCode::kUnsupported,
+         library.empty() ? "no CUDA runtime (libcudart) is loaded or can be found; set "
+                           "TENSORIZER_CUDART to its path"
+                         : "cannot load the CUDA runtime '" + library + "'");
   load_symbol(rt->handle, rt->path, "cudaGetDeviceCount", rt->GetDeviceCount);
   load_symbol(rt->handle, rt->path, "cudaGetDevice", rt->GetDevice);
   load_symbol(rt->handle, rt->path, "cudaSetDevice", rt->SetDevice);
@@ -123,7 +127,8 @@ class DeviceScope {
 
 class CudaEvent : public CopyEvent {
  public:
-  CudaEvent(const CudaRuntime& rt, const std::vector<cudaStream_t>& streams) : rt_(rt), streams_(streams) {
+  CudaEvent(const CudaRuntime& rt, const std::vector<cudaStream_t>& streams)
+      : rt_(rt), streams_(streams) {
     rt_.check(rt_.EventCreateWithFlags(&event_, kEventDisableTiming), "cudaEventCreateWithFlags");
   }
   ~CudaEvent() override { rt_.EventDestroy(event_); }
@@ -143,7 +148,8 @@ class CudaCopyBackend : public CopyBackend {
   CudaCopyBackend(const CudaRuntime& rt, int device, int streams) : rt_(rt), device_(device) {
     int count = 0;
     if (const cudaError_t rc = rt_.GetDeviceCount(&count); rc != 0)
-      fail(ErrorCode::kUnsupported, std::string("no usable CUDA device: ") + rt_.GetErrorString(rc));
+      fail(ErrorCode::kUnsupported,
+           std::string("no usable CUDA device: ") + rt_.GetErrorString(rc));
     if (device < 0 || device >= count)
       fail(ErrorCode::kUnsupported, "CUDA device " + std::to_string(device) + " does not exist (" +
                                         std::to_string(count) + " visible)");
@@ -157,7 +163,9 @@ class CudaCopyBackend : public CopyBackend {
   ~CudaCopyBackend() override {
     for (cudaStream_t s : streams_) rt_.StreamSynchronize(s), rt_.StreamDestroy(s);
   }
-  std::string name() const override { return "cuda:" + std::to_string(device_) + " (" + rt_.path + ")"; }
+  std::string name() const override {
+    return "cuda:" + std::to_string(device_) + " (" + rt_.path + ")";
+  }
   void* alloc_staging(size_t bytes) override {
     void* p = nullptr;
     rt_.check(rt_.HostAlloc(&p, bytes, kHostAllocPortable), "cudaHostAlloc");
@@ -173,13 +181,17 @@ class CudaCopyBackend : public CopyBackend {
   void unbind_thread(int previous) noexcept override { rt_.SetDevice(previous); }
   int streams() const override { return static_cast<int>(streams_.size()); }
   void copy_async(void* dst, const void* src, size_t size, int stream) override {
-    rt_.check(rt_.MemcpyAsync(dst, src, size, kMemcpyDefault, streams_[static_cast<size_t>(stream)]),
-              "cudaMemcpyAsync");
+    rt_.check(
+        rt_.MemcpyAsync(dst, src, size, kMemcpyDefault, streams_[static_cast<size_t>(stream)]),
+        "cudaMemcpyAsync");
   }
   void zero_async(void* dst, size_t size, int stream) override {
-    rt_.check(rt_.MemsetAsync(dst, 0, size, streams_[static_cast<size_t>(stream)]), "cudaMemsetAsync");
+    rt_.check(rt_.MemsetAsync(dst, 0, size, streams_[static_cast<size_t>(stream)]),
+              "cudaMemsetAsync");
   }
-  std::unique_ptr<CopyEvent> make_event() override { return std::make_unique<CudaEvent>(rt_, streams_); }
+  std::unique_ptr<CopyEvent> make_event() override {
+    return std::make_unique<CudaEvent>(rt_, streams_);
+  }
   void synchronize() override {
     for (cudaStream_t s : streams_) rt_.check(rt_.StreamSynchronize(s), "cudaStreamSynchronize");
   }
@@ -192,7 +204,8 @@ class CudaCopyBackend : public CopyBackend {
 
 }  // namespace
 
-std::unique_ptr<CopyBackend> cuda_copy_backend(int device, int streams, const std::string& library) {
+std::unique_ptr<CopyBackend> cuda_copy_backend(int device, int streams,
+                                               const std::string& library) {
   return std::make_unique<CudaCopyBackend>(runtime(library), device, streams);
 }
 

@@ -12,7 +12,8 @@ void check_destinations(const Reader& reader, const std::vector<TensorDestinatio
   std::vector<bool> seen(entries.size(), false);
   for (const auto& d : destinations) {
     if (d.entry >= entries.size())
-      fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(d.entry) + " out of range");
+      fail(ErrorCode::kInvalidArgument,
+           "tensor index " + std::to_string(d.entry) + " out of range");
     const std::string name = display_path(entries[d.entry].path).substr(0, 200);
     if (seen[d.entry]) fail(ErrorCode::kInvalidArgument, "tensor '" + name + "' requested twice");
     seen[d.entry] = true;

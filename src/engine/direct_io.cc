@@ -92,8 +92,10 @@ void DirectFile::read(uint8_t* dst, uint64_t offset, uint64_t length, uint64_t r
     }
     if (n == 0) {
       if (offset >= needed_end) return;  // only the alignment padding lay past the end of the file
-      fail(ErrorCode::kIO, what + " ends early: the file is shorter than its index says (truncated "
-                                  "while loading?) at offset " + std::to_string(offset));
+      fail(ErrorCode::kIO, what +
+                               " ends early: the file is shorter than its index says (truncated "
+                               "while loading?) at offset " +
+                               std::to_string(offset));
     }
     dst += n;
     offset += static_cast<uint64_t>(n);

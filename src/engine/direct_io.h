@@ -41,10 +41,11 @@ class DirectFile {
   // Reads [offset, offset+length) into `dst` (offset, length, dst aligned). The first `required`
   // bytes must exist (kIO naming `what` if the file ends before them: truncated); the rest is
   // alignment padding that may lie past the end of the file and is then left as it is.
-  void read(uint8_t* dst, uint64_t offset, uint64_t length, uint64_t required, const std::string& what) const;
+  void read(uint8_t* dst, uint64_t offset, uint64_t length, uint64_t required,
+            const std::string& what) const;
 
  private:
-  int fd_;       // the caller's buffered descriptor (for an unaligned tail)
+  int fd_;  // the caller's buffered descriptor (for an unaligned tail)
   int dfd_ = -1;
   uint64_t align_ = 4096;
 };

@@ -17,8 +17,8 @@ std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size, bool huge_pages) {
   const size_t padded = rounded + kHugePageBytes;
   void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED)
-    fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) + " bytes of host memory: " +
-                             std::strerror(errno));
+    fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) +
+                             " bytes of host memory: " + std::strerror(errno));
   // Keep the 2 MiB-aligned middle, so every huge page of it can be a real one.
   const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (begin + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};

@@ -12,8 +12,9 @@ namespace tensorizer::engine {
 // One mapping, unmapped on destruction: anonymous memory (2 MiB-aligned; advised for huge pages
 // when asked: direct reads then pin 2 MiB per page, but on a VM that backs guest memory lazily a
 // fresh huge page costs a host fault per 4 KiB on first touch, which made copies from the page
-// cache 2x slower in a fresh process: 0.30-0.41 s against 0.16-0.21 s for 0.8 GB), or a whole local file mapped copy-on-write (writes stay private; the kernel maps the page
-// cache's large folios with 2 MiB entries, so pre-faulting a cached file costs almost nothing).
+// cache 2x slower in a fresh process: 0.30-0.41 s against 0.16-0.21 s for 0.8 GB), or a whole local
+// file mapped copy-on-write (writes stay private; the kernel maps the page cache's large folios
+// with 2 MiB entries, so pre-faulting a cached file costs almost nothing).
 class HostBlock {
  public:
   static std::shared_ptr<HostBlock> anonymous(size_t size, bool huge_pages);

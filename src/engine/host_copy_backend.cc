@@ -104,7 +104,8 @@ class HostCopyBackend : public CopyBackend {
   std::string name() const override { return "host"; }
   void* alloc_staging(size_t bytes) override {
     void* p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
-    if (!p) fail(ErrorCode::kIO, "out of memory for " + std::to_string(bytes) + " bytes of staging");
+    if (!p)
+      fail(ErrorCode::kIO, "out of memory for " + std::to_string(bytes) + " bytes of staging");
     return p;
   }
   void free_staging(void* data, size_t) noexcept override { std::free(data); }

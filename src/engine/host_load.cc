@@ -17,11 +17,11 @@ namespace {
 
 using engine::HostBlock;
 
-constexpr uint64_t kAlignment = 64;               // where every result starts
-constexpr uint64_t kDirectPiece = 16ull << 20;    // one direct read
-constexpr uint64_t kMaxRunGap = 1ull << 20;       // skip gaps larger than this between direct reads
-constexpr double kMappedIfResident = 0.5;         // map a tensor when more than this is cached
-constexpr int kMinDirectReads = 8;                // direct reads in flight, even on few cores
+constexpr uint64_t kAlignment = 64;             // where every result starts
+constexpr uint64_t kDirectPiece = 16ull << 20;  // one direct read
+constexpr uint64_t kMaxRunGap = 1ull << 20;     // skip gaps larger than this between direct reads
+constexpr double kMappedIfResident = 0.5;       // map a tensor when more than this is cached
+constexpr int kMinDirectReads = 8;              // direct reads in flight, even on few cores
 constexpr int kMaxDirectReads = 16;
 
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
@@ -36,13 +36,15 @@ bool can_direct(Reader& r, const IndexEntry& e) {
 // Reads runs of neighbouring tensors with O_DIRECT into one huge-page block; then, per tensor,
 // parses its header from the block, moves its data to a 64-byte boundary and checks hashes.
 void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<size_t>& entries,
-                 const LoadOptions& opt, std::vector<HostTensor>& out, const std::vector<size_t>& slots) {
+                 const LoadOptions& opt, std::vector<HostTensor>& out,
+                 const std::vector<size_t>& slots) {
   const auto& index = r.entries();
   const uint64_t a = file.alignment();
   std::vector<size_t> order(entries.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::sort(order.begin(), order.end(),
-            [&](size_t x, size_t y) { return index[entries[x]].header_offset < index[entries[y]].header_offset; });
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return index[entries[x]].header_offset < index[entries[y]].header_offset;
+  });
 
   struct Run {
     uint64_t begin, end, block_offset;  // file range (aligned) and where it lands in the block
@@ -53,7 +55,8 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
   uint64_t total = 0;
   for (size_t k : order) {
     const IndexEntry& e = index[entries[k]];
-    const uint64_t begin = align_down(e.header_offset, a), end = align_up(e.data_offset + e.data_length, a);
+    const uint64_t begin = align_down(e.header_offset, a),
+                   end = align_up(e.data_offset + e.data_length, a);
     const uint64_t data_end = e.data_offset + e.data_length;
     if (runs.empty() || begin > runs.back().end + kMaxRunGap) {
       if (!runs.empty()) total += runs.back().end - runs.back().begin;
@@ -77,8 +80,9 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
       const uint64_t required = run.data_end > off ? std::min(length, run.data_end - off) : 0;
       pieces.push_back({off, length, required, run.block_offset + (off - run.begin)});
     }
-  const int readers = opt.num_workers > 0 ? opt.num_workers
-                                          : std::clamp(default_workers(0), kMinDirectReads, kMaxDirectReads);
+  const int readers = opt.num_workers > 0
+                          ? opt.num_workers
+                          : std::clamp(default_workers(0), kMinDirectReads, kMaxDirectReads);
   const std::string what = "'" + r.uri() + "'";
   parallel_for(pieces.size(), readers, [&](size_t i) {
     const Piece& p = pieces[i];
@@ -97,7 +101,8 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
     uint8_t* dest = at + (align_down(e.data_offset, kAlignment) - run.begin);
     if (dest != data) std::memmove(dest, data, e.data_length);  // over its own header only
     if (opt.verify_hash) engine::verify_tensor(r, entry, dest);
-    out[slots[k]] = {entry, dest, e.data_length, LoadedVia::kDirect, engine::block_view(block, dest, e.data_length)};
+    out[slots[k]] = {entry, dest, e.data_length, LoadedVia::kDirect,
+                     engine::block_view(block, dest, e.data_length)};
   });
 }
 
@@ -113,7 +118,8 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
   auto block = HostBlock::anonymous(total, /*huge_pages=*/false);
   std::vector<TensorDestination> dests;
   dests.reserve(entries.size());
-  for (size_t k = 0; k < entries.size(); ++k) dests.push_back({entries[k], block->data() + offsets[k]});
+  for (size_t k = 0; k < entries.size(); ++k)
+    dests.push_back({entries[k], block->data() + offsets[k]});
   LoadOptions copy_options = opt;
   copy_options.advise_huge_pages = false;  // see HostBlock::anonymous
   r.load(dests, copy_options);
@@ -128,9 +134,12 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
 
 const char* to_string(LoadedVia via) {
   switch (via) {
-    case LoadedVia::kMapped: return "mapped";
-    case LoadedVia::kDirect: return "direct";
-    case LoadedVia::kCopied: return "copied";
+    case LoadedVia::kMapped:
+      return "mapped";
+    case LoadedVia::kDirect:
+      return "direct";
+    case LoadedVia::kCopied:
+      return "copied";
   }
   return "?";
 }
@@ -142,7 +151,8 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
       fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
   const int fd = reader.source().local_fd();
   std::unique_ptr<engine::DirectFile> file;
-  if (fd >= 0 && !reader.encrypted() && (route == HostRoute::kAuto || route == HostRoute::kDirect)) {
+  if (fd >= 0 && !reader.encrypted() &&
+      (route == HostRoute::kAuto || route == HostRoute::kDirect)) {
     file = std::make_unique<engine::DirectFile>(fd);
     if (!file->ok()) file.reset();
   }
@@ -152,7 +162,8 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
   std::vector<size_t> mapped, direct, copied, mapped_slots, direct_slots, copied_slots;
   for (size_t k = 0; k < entries.size(); ++k) {
     const IndexEntry& e = reader.entries()[entries[k]];
-    const bool mappable = route != HostRoute::kCopy && route != HostRoute::kDirect && can_map(reader, entries[k]);
+    const bool mappable =
+        route != HostRoute::kCopy && route != HostRoute::kDirect && can_map(reader, entries[k]);
     const bool directable = file && can_direct(reader, e);
     bool map = mappable, dio = false;
     if (route == HostRoute::kAuto && (mappable || directable)) {
@@ -163,17 +174,21 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
     } else if (route == HostRoute::kDirect) {
       dio = directable;
     }
-    if (map) mapped.push_back(entries[k]), mapped_slots.push_back(k);
-    else if (dio) direct.push_back(entries[k]), direct_slots.push_back(k);
-    else copied.push_back(entries[k]), copied_slots.push_back(k);
+    if (map)
+      mapped.push_back(entries[k]), mapped_slots.push_back(k);
+    else if (dio)
+      direct.push_back(entries[k]), direct_slots.push_back(k);
+    else
+      copied.push_back(entries[k]), copied_slots.push_back(k);
   }
 
   std::vector<HostTensor> out(entries.size());
   if (!mapped.empty()) {
     auto maps = map_tensors(reader, mapped, options);
     for (size_t k = 0; k < maps.size(); ++k)
-      out[mapped_slots[k]] = {maps[k].entry, maps[k].data, reader.entries()[maps[k].entry].data_length,
-                              LoadedVia::kMapped, std::move(maps[k].owner)};
+      out[mapped_slots[k]] = {maps[k].entry, maps[k].data,
+                              reader.entries()[maps[k].entry].data_length, LoadedVia::kMapped,
+                              std::move(maps[k].owner)};
   }
   if (!direct.empty()) load_direct(reader, *file, direct, options, out, direct_slots);
   if (!copied.empty()) load_copied(reader, copied, options, out, copied_slots);

@@ -40,8 +40,8 @@ void populate(uint8_t* p, size_t n) {
 }  // namespace
 
 bool plain_local(Reader& reader, const IndexEntry& e) {
-  return !reader.encrypted() && reader.source().local_fd() >= 0 && !e.is_meta() && e.data_length > 0 &&
-         e.data_length == e.expected_bytes();
+  return !reader.encrypted() && reader.source().local_fd() >= 0 && !e.is_meta() &&
+         e.data_length > 0 && e.data_length == e.expected_bytes();
 }
 
 bool can_map(Reader& reader, size_t entry) {
@@ -53,24 +53,28 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
                                       const LoadOptions& options) {
   for (size_t entry : entries)
     if (!can_map(reader, entry))
-      fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " of '" + reader.uri() +
-                                            "' cannot be memory-mapped");
+      fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " of '" +
+                                            reader.uri() + "' cannot be memory-mapped");
   const int fd = reader.source().local_fd();
   struct stat st;
   if (fstat(fd, &st) != 0)
     fail(ErrorCode::kIO, "cannot stat '" + reader.uri() + "': " + std::strerror(errno));
   // One mapping of the whole file, shared by the tensors' views: mapped from offset 0 it lines up
   // with the page cache's large folios, which the kernel then maps 2 MiB at a time.
-  auto block = engine::HostBlock::file_private(fd, static_cast<size_t>(st.st_size), "'" + reader.uri() + "'");
+  auto block = engine::HostBlock::file_private(fd, static_cast<size_t>(st.st_size),
+                                               "'" + reader.uri() + "'");
   std::vector<MappedTensor> out;
   out.reserve(entries.size());
   for (size_t entry : entries) {
     const IndexEntry& e = reader.entries()[entry];
-    if (e.header_offset > e.data_offset || e.data_offset + e.data_length > static_cast<uint64_t>(st.st_size))
-      fail(ErrorCode::kFormat, "tensor '" + display_path(e.path) + "' runs past the end of '" + reader.uri() + "'");
+    if (e.header_offset > e.data_offset ||
+        e.data_offset + e.data_length > static_cast<uint64_t>(st.st_size))
+      fail(ErrorCode::kFormat,
+           "tensor '" + display_path(e.path) + "' runs past the end of '" + reader.uri() + "'");
     // The header, from the mapping: checked against the index; module index, hashes.
-    reader.adopt_header(entry, std::string(reinterpret_cast<const char*>(block->data() + e.header_offset),
-                                           e.header_size()));
+    reader.adopt_header(entry,
+                        std::string(reinterpret_cast<const char*>(block->data() + e.header_offset),
+                                    e.header_size()));
     reader.count_bytes_read(e.header_size() + e.data_length);
     uint8_t* data = block->data() + e.data_offset;
     out.push_back({entry, data, engine::block_view(block, data, e.data_length)});
@@ -82,8 +86,9 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
   for (const MappedTensor& m : out) {
     const IndexEntry& e = reader.entries()[m.entry];
     const uint64_t b = e.data_offset / kPmdBytes * kPmdBytes;
-    const uint64_t end = std::min<uint64_t>((e.data_offset + e.data_length + kPmdBytes - 1) / kPmdBytes * kPmdBytes,
-                                            static_cast<uint64_t>(st.st_size));
+    const uint64_t end =
+        std::min<uint64_t>((e.data_offset + e.data_length + kPmdBytes - 1) / kPmdBytes * kPmdBytes,
+                           static_cast<uint64_t>(st.st_size));
     spans.push_back({b, end});
   }
   std::sort(spans.begin(), spans.end());
@@ -91,15 +96,15 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
   for (size_t k = 0; k < spans.size();) {
     uint64_t b = spans[k].first, end = spans[k].second;
     for (++k; k < spans.size() && spans[k].first <= end; ++k) end = std::max(end, spans[k].second);
-    for (uint64_t off = b; off < end; off += kPopulatePiece) pieces.push_back({off, std::min(kPopulatePiece, end - off)});
+    for (uint64_t off = b; off < end; off += kPopulatePiece)
+      pieces.push_back({off, std::min(kPopulatePiece, end - off)});
   }
   const int workers = default_workers(options.num_workers);
-  parallel_for(pieces.size(), workers, [&](size_t i) {
-    populate(block->data() + pieces[i].first, pieces[i].second);
-  });
+  parallel_for(pieces.size(), workers,
+               [&](size_t i) { populate(block->data() + pieces[i].first, pieces[i].second); });
   if (options.verify_hash)
     parallel_for(out.size(), workers,
-                         [&](size_t t) { engine::verify_tensor(reader, out[t].entry, out[t].data); });
+                 [&](size_t t) { engine::verify_tensor(reader, out[t].entry, out[t].data); });
   return out;
 }
 

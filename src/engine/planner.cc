@@ -5,7 +5,8 @@
 
 namespace tensorizer::engine {
 
-std::vector<ReadItem> plan_reads(const std::vector<PlannedTensor>& tensors, const PlanOptions& options) {
+std::vector<ReadItem> plan_reads(const std::vector<PlannedTensor>& tensors,
+                                 const PlanOptions& options) {
   std::vector<ReadItem> items;
   const uint64_t target = std::max<uint64_t>(options.target_item_bytes, 1);
   const uint64_t gran = std::max<uint64_t>(options.split_granularity, 1);

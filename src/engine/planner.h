@@ -21,11 +21,11 @@ struct PlannedTensor {
 };
 
 struct Segment {
-  size_t tensor;       // index into the planner's input
-  bool is_header;      // the header bytes (whole) or a piece of the data
-  uint64_t begin;      // for data: offset inside the tensor data
+  size_t tensor;   // index into the planner's input
+  bool is_header;  // the header bytes (whole) or a piece of the data
+  uint64_t begin;  // for data: offset inside the tensor data
   uint64_t length;
-  bool last_of_tensor; // after this segment the tensor is fully read
+  bool last_of_tensor;  // after this segment the tensor is fully read
 };
 
 struct ReadItem {
@@ -41,6 +41,7 @@ struct PlanOptions {
 };
 
 // `tensors` must be sorted by header_offset and must not overlap.
-std::vector<ReadItem> plan_reads(const std::vector<PlannedTensor>& tensors, const PlanOptions& options);
+std::vector<ReadItem> plan_reads(const std::vector<PlannedTensor>& tensors,
+                                 const PlanOptions& options);
 
 }  // namespace tensorizer::engine

@@ -60,22 +60,25 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
   const std::string uri = source->uri();
   try {
     const uint64_t size = source->size();
-    if (size < kMagicSize) fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
+    if (size < kMagicSize)
+      fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
     std::string head(std::min(size, kFirstReadBytes), '\0');
     source->read_at(0, head.data(), head.size());
     impl->header = parse_file_header(reinterpret_cast<const uint8_t*>(head.data()), head.size());
     const FileHeader& h = impl->header;
     if (h.has_crypt_info() && !options.decryption && !options.without_key)
-      fail(ErrorCode::kCrypto, "the file is encrypted, but no decryption key or passphrase was given");
+      fail(ErrorCode::kCrypto,
+           "the file is encrypted, but no decryption key or passphrase was given");
     if (options.decryption && !h.has_crypt_info())
       fail(ErrorCode::kCrypto,
            h.version < kEncryptionVersion
-               ? "decryption was requested, but the file's data version " + std::to_string(h.version) +
-                     " predates encryption, so it is not encrypted"
+               ? "decryption was requested, but the file's data version " +
+                     std::to_string(h.version) + " predates encryption, so it is not encrypted"
                : std::string("decryption was requested, but the file is not flagged as encrypted"));
     if (h.index_size > size - std::min(size, kPreludeSize))
       fail(ErrorCode::kFormat, "index size " + std::to_string(h.index_size) +
-                                   " runs past the end of the file (" + std::to_string(size) + " bytes)");
+                                   " runs past the end of the file (" + std::to_string(size) +
+                                   " bytes)");
     const uint64_t index_end = kPreludeSize + h.index_size;
     if (index_end > head.size()) {
       // A larger index than the reference's: fetch the rest in one more read.
@@ -86,7 +89,8 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
     impl->entries = parse_index(reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize,
                                 head.size() - kPreludeSize, h, size);
   } catch (const Error& err) {
-    if (std::string_view(err.what()).rfind("'" + uri + "'", 0) == 0) throw;  // transports name it already
+    if (std::string_view(err.what()).rfind("'" + uri + "'", 0) == 0)
+      throw;  // transports name it already
     rethrow_with_context(err, "'" + uri + "'");
   }
   impl->source = std::move(source);
@@ -129,8 +133,8 @@ const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string header_by
   auto info = std::make_unique<LoadedTensorInfo>();
   try {
     if (header_bytes.size() != e.header_size())
-      fail(ErrorCode::kFormat, "header of " + std::to_string(header_bytes.size()) + " bytes, the index says " +
-                                   std::to_string(e.header_size()));
+      fail(ErrorCode::kFormat, "header of " + std::to_string(header_bytes.size()) +
+                                   " bytes, the index says " + std::to_string(e.header_size()));
     info->header_bytes = std::move(header_bytes);
     info->header = parse_tensor_header(reinterpret_cast<const uint8_t*>(info->header_bytes.data()),
                                        info->header_bytes.size(), impl_->header.has_crypt_info(),
@@ -147,16 +151,19 @@ const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string header_by
 void Reader::decrypt_in_place(size_t entry, uint64_t offset, uint8_t* data, uint64_t size) {
   if (!encrypted() || size == 0) return;
   if (!impl_->decryption)
-    fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
+    fail(ErrorCode::kCrypto,
+         "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
   const IndexEntry& e = impl_->entries[entry];
   const LoadedTensorInfo* info = loaded_info(entry);
-  if (!info) fail(ErrorCode::kInvalidArgument, "internal: decrypting a tensor whose header was not read");
+  if (!info)
+    fail(ErrorCode::kInvalidArgument, "internal: decrypting a tensor whose header was not read");
   auto dec = crypto::TensorDecryptor::create(
-      info->header.crypt_info(reinterpret_cast<const uint8_t*>(info->header_bytes.data())), e.data_length,
-      *impl_->decryption, impl_->key_cache);
+      info->header.crypt_info(reinterpret_cast<const uint8_t*>(info->header_bytes.data())),
+      e.data_length, *impl_->decryption, impl_->key_cache);
   if (!dec) fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
   if (offset % dec->chunk_size() != 0 || offset + size > e.data_length)
-    fail(ErrorCode::kInvalidArgument, "internal: decryption range is not whole chunks of the tensor");
+    fail(ErrorCode::kInvalidArgument,
+         "internal: decryption range is not whole chunks of the tensor");
   dec->decrypt_chunks(offset / dec->chunk_size(), data, size, 1);
 }
 
@@ -176,9 +183,10 @@ class LoadJob {
 
   LoadResult run() {
     const uint64_t before = r_.source->bytes_read();
-    std::sort(dests_.begin(), dests_.end(), [&](const TensorDestination& a, const TensorDestination& b) {
-      return r_.entries[a.entry].header_offset < r_.entries[b.entry].header_offset;
-    });
+    std::sort(dests_.begin(), dests_.end(),
+              [&](const TensorDestination& a, const TensorDestination& b) {
+                return r_.entries[a.entry].header_offset < r_.entries[b.entry].header_offset;
+              });
     std::vector<engine::PlannedTensor> planned;
     planned.reserve(dests_.size());
     // Encrypted tensors are split at 2 MiB chunk boundaries, into small items, so that each chunk
@@ -204,8 +212,9 @@ class LoadJob {
     std::vector<std::unique_ptr<Source>> handles;  // one source per worker beyond the caller's
     for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
     // Each worker runs its own loop over the items (work() keeps the first error, with context).
-    parallel_for_workers(static_cast<size_t>(workers), workers,
-                         [&](size_t, int w) { work(w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1]); });
+    parallel_for_workers(static_cast<size_t>(workers), workers, [&](size_t, int w) {
+      work(w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1]);
+    });
     if (error_) std::rethrow_exception(error_);
     LoadResult result;
     result.bytes_read = r_.source->bytes_read() - before;
@@ -254,8 +263,10 @@ class LoadJob {
       current = s.tensor;
       if (s.is_header) on_header(s.tensor, std::move(scratch[k]));
       if (crypt_) {
-        if (s.is_header) on_crypt_header(s.tensor);
-        else on_encrypted_data(s.tensor, s.begin, s.length);
+        if (s.is_header)
+          on_crypt_header(s.tensor);
+        else
+          on_encrypted_data(s.tensor, s.begin, s.length);
       } else if (s.last_of_tensor) {
         on_tensor_complete(s.tensor);
       }
@@ -297,8 +308,8 @@ class LoadJob {
     bool header_done = false;
     std::unique_ptr<crypto::TensorDecryptor> dec;
     std::vector<std::pair<uint64_t, uint64_t>> early;  // (begin, length) of data landed first
-    std::vector<uint64_t> landed;                       // bytes landed per encryption chunk
-    uint64_t finished = 0;                              // data bytes landed and decrypted
+    std::vector<uint64_t> landed;                      // bytes landed per encryption chunk
+    uint64_t finished = 0;                             // data bytes landed and decrypted
   };
 
   void on_crypt_header(size_t t) {
@@ -306,8 +317,8 @@ class LoadJob {
     const IndexEntry& e = r_.entries[d.entry];
     const LoadedTensorInfo& info = *r_.loaded[d.entry];
     auto dec = crypto::TensorDecryptor::create(
-        info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())), e.data_length,
-        *r_.decryption, r_.key_cache);
+        info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
+        e.data_length, *r_.decryption, r_.key_cache);
     if (!dec && e.data_length > 0)
       fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
     CryptState& st = crypt_[t];
@@ -346,7 +357,8 @@ class LoadJob {
     {
       std::lock_guard<std::mutex> lock(st.mu);
       for (uint64_t c = begin / cs; c * cs < begin + length; ++c) {
-        const uint64_t lo = std::max(begin, c * cs), hi = std::min({begin + length, (c + 1) * cs, total});
+        const uint64_t lo = std::max(begin, c * cs),
+                       hi = std::min({begin + length, (c + 1) * cs, total});
         const uint64_t chunk_len = std::min(cs, total - c * cs);
         st.landed[c] += hi - lo;
         if (st.landed[c] != chunk_len) continue;
@@ -372,7 +384,8 @@ class LoadJob {
     if (done) on_tensor_complete(t);
   }
 
-  void verify(const IndexEntry& e, const LoadedTensorInfo& info, const uint8_t* data, uint64_t size) {
+  void verify(const IndexEntry& e, const LoadedTensorInfo& info, const uint8_t* data,
+              uint64_t size) {
     std::unique_ptr<TensorHasher> hasher = hasher_for(info);
     if (!hasher) return;
     hasher->update(data, size);
@@ -410,18 +423,21 @@ class LoadJob {
 
 }  // namespace
 
-LoadResult Reader::load(const std::vector<TensorDestination>& destinations, const LoadOptions& options) {
+LoadResult Reader::load(const std::vector<TensorDestination>& destinations,
+                        const LoadOptions& options) {
   engine::check_destinations(*this, destinations);
   if (destinations.empty()) return {};
   if (encrypted() && !impl_->decryption)
-    fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
+    fail(ErrorCode::kCrypto,
+         "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
   return LoadJob(*impl_, destinations, options).run();
 }
 
 void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const LoadOptions& options,
                            uint64_t piece_bytes) {
   if (encrypted() && !impl_->decryption)
-    fail(ErrorCode::kCrypto, "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
+    fail(ErrorCode::kCrypto,
+         "'" + uri() + "' is encrypted, but no decryption key or passphrase was given");
   const LoadedTensorInfo& info = read_header(entry);
   const IndexEntry& e = impl_->entries[entry];
   uint64_t off = 0;
@@ -429,14 +445,15 @@ void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const Loa
     std::unique_ptr<crypto::TensorDecryptor> dec;
     if (info.header.has_crypt_field) {
       dec = crypto::TensorDecryptor::create(
-          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())), e.data_length,
-          *impl_->decryption, impl_->key_cache);
+          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
+          e.data_length, *impl_->decryption, impl_->key_cache);
       if (!dec && e.data_length > 0)
         fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
     }
     // Pieces hold whole encryption chunks (a tensor sealed as one secretbox is one piece).
     uint64_t piece = std::max<uint64_t>(piece_bytes, 1);
-    if (dec && dec->chunk_size() > 0) piece = std::max<uint64_t>(piece / dec->chunk_size(), 1) * dec->chunk_size();
+    if (dec && dec->chunk_size() > 0)
+      piece = std::max<uint64_t>(piece / dec->chunk_size(), 1) * dec->chunk_size();
     piece = std::min(piece, e.data_length);
     std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(piece, 1)]);
     std::unique_ptr<TensorHasher> hasher = options.verify_hash ? hasher_for(info) : nullptr;
@@ -469,7 +486,8 @@ std::vector<std::string> Reader::verify_all(int num_workers) {
   while (i < entries.size()) {
     uint64_t batch_bytes = 0;
     size_t j = i;
-    while (j < entries.size() && (j == i || batch_bytes + entries[j].expected_bytes() <= kVerifyBatchBytes))
+    while (j < entries.size() &&
+           (j == i || batch_bytes + entries[j].expected_bytes() <= kVerifyBatchBytes))
       batch_bytes += entries[j++].expected_bytes();
     std::unique_ptr<uint8_t[]> scratch(new uint8_t[std::max<uint64_t>(batch_bytes, 1)]);
     std::vector<TensorDestination> dests;

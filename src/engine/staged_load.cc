@@ -68,7 +68,8 @@ class StagingRing {
 // Binds a thread to the backend (CUDA: its device) for a scope.
 class ThreadBinding {
  public:
-  explicit ThreadBinding(CopyBackend& backend) : backend_(backend), previous_(backend.bind_thread()) {}
+  explicit ThreadBinding(CopyBackend& backend)
+      : backend_(backend), previous_(backend.bind_thread()) {}
   ~ThreadBinding() { backend_.unbind_thread(previous_); }
   ThreadBinding(const ThreadBinding&) = delete;
   ThreadBinding& operator=(const ThreadBinding&) = delete;
@@ -83,15 +84,21 @@ struct Stopped {};
 
 class StagedJob {
  public:
-  StagedJob(Reader& r, const std::vector<TensorDestination>& dests, CopyBackend& backend, const LoadOptions& opt,
-            const StagingOptions& staging)
-      : r_(r), backend_(backend), opt_(opt), staging_(staging), dests_(dests), state_(dests.size()) {}
+  StagedJob(Reader& r, const std::vector<TensorDestination>& dests, CopyBackend& backend,
+            const LoadOptions& opt, const StagingOptions& staging)
+      : r_(r),
+        backend_(backend),
+        opt_(opt),
+        staging_(staging),
+        dests_(dests),
+        state_(dests.size()) {}
 
   StagedLoadResult run() {
     const auto& index = r_.entries();
-    std::sort(dests_.begin(), dests_.end(), [&](const TensorDestination& a, const TensorDestination& b) {
-      return index[a.entry].header_offset < index[b.entry].header_offset;
-    });
+    std::sort(dests_.begin(), dests_.end(),
+              [&](const TensorDestination& a, const TensorDestination& b) {
+                return index[a.entry].header_offset < index[b.entry].header_offset;
+              });
     // Every tensor may be split: pieces are hashed in order and decrypted in whole chunks.
     std::vector<engine::PlannedTensor> planned;
     for (const auto& d : dests_) {
@@ -101,7 +108,8 @@ class StagedJob {
     engine::PlanOptions plan;
     // Items of at most a quarter of the ring: a slot holds the largest (up to twice the target),
     // so the ring keeps two or more slots within its size.
-    plan.target_item_bytes = std::max(std::min(staging_.item_bytes, staging_.ring_bytes / 4), kSlotAlignment);
+    plan.target_item_bytes =
+        std::max(std::min(staging_.item_bytes, staging_.ring_bytes / 4), kSlotAlignment);
     plan.split_granularity = r_.encrypted() ? crypto::kChunkSize : kSlotAlignment;
     items_ = engine::plan_reads(planned, plan);
 
@@ -110,12 +118,15 @@ class StagedJob {
     for (const auto& item : items_) slot_bytes = std::max(slot_bytes, item.length);
     slot_bytes = align_up(slot_bytes + (direct_ ? 2 * direct_->alignment() : 0), kSlotAlignment);
     const size_t slot_count = std::min<size_t>(
-        std::max<uint64_t>(2, staging_.ring_bytes / std::max<uint64_t>(slot_bytes, 1)), std::max<size_t>(items_.size(), 1));
+        std::max<uint64_t>(2, staging_.ring_bytes / std::max<uint64_t>(slot_bytes, 1)),
+        std::max<size_t>(items_.size(), 1));
     int workers = opt_.num_workers;
-    if (workers <= 0 && direct_) workers = std::clamp(usable_cores(), kMinDirectReads, kMaxDirectReads);
+    if (workers <= 0 && direct_)
+      workers = std::clamp(usable_cores(), kMinDirectReads, kMaxDirectReads);
     if (workers <= 0) workers = r_.source().preferred_readers();
     if (workers <= 0) workers = usable_cores();
-    workers = std::max(1, std::min({workers, static_cast<int>(slot_count), static_cast<int>(items_.size())}));
+    workers = std::max(
+        1, std::min({workers, static_cast<int>(slot_count), static_cast<int>(items_.size())}));
 
     StagedLoadResult result;
     result.slots = slot_count;
@@ -131,7 +142,8 @@ class StagedJob {
       if (!direct_)
         for (int i = 1; i < workers; ++i) handles.push_back(r_.source().clone());
       parallel_for_workers(static_cast<size_t>(workers), workers, [&](size_t, int w) {
-        work(w == 0 || direct_ ? r_.source() : *handles[static_cast<size_t>(w) - 1], ring, w % backend_.streams());
+        work(w == 0 || direct_ ? r_.source() : *handles[static_cast<size_t>(w) - 1], ring,
+             w % backend_.streams());
       });
       if (!error_) {
         try {
@@ -208,11 +220,13 @@ class StagedJob {
     slot_freed_.notify_one();
   }
 
-  void run_item(Source& src, const engine::ReadItem& item, Slot& slot, int stream, size_t& current) {
+  void run_item(Source& src, const engine::ReadItem& item, Slot& slot, int stream,
+                size_t& current) {
     const uint8_t* p = slot.data;
     if (direct_) {
       const uint64_t a = direct_->alignment();
-      const uint64_t begin = align_down(item.offset, a), end = align_up(item.offset + item.length, a);
+      const uint64_t begin = align_down(item.offset, a),
+                     end = align_up(item.offset + item.length, a);
       direct_->read(slot.data, begin, end - begin, item.offset + item.length - begin,
                     "'" + r_.uri() + "'");
       r_.count_bytes_read(item.length);
@@ -241,7 +255,8 @@ class StagedJob {
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries()[d.entry];
     const LoadedTensorInfo& info = r_.adopt_header(d.entry, std::move(bytes));
-    if (e.is_meta() && e.expected_bytes() > 0) backend_.zero_async(d.data, e.expected_bytes(), stream);
+    if (e.is_meta() && e.expected_bytes() > 0)
+      backend_.zero_async(d.data, e.expected_bytes(), stream);
     TensorState& st = state_[t];
     if (opt_.verify_hash) {
       st.hasher = engine::hasher_for(info);
@@ -277,7 +292,8 @@ class StagedJob {
     if (failures.empty()) return;
     if (!opt_.collect_mismatches) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
     std::lock_guard<std::mutex> lock(mu_);
-    mismatches_.push_back("tensor '" + display_path(r_.entries()[entry].path).substr(0, 200) + "': " + failures);
+    mismatches_.push_back("tensor '" + display_path(r_.entries()[entry].path).substr(0, 200) +
+                          "': " + failures);
   }
 
   template <typename Ready>
@@ -294,8 +310,9 @@ class StagedJob {
       if (!error_) {
         const IndexEntry& e = r_.entries()[dests_[tensor].entry];
         error_ = std::make_exception_ptr(
-            Error(err.code(), "tensor '" + display_path(e.path).substr(0, 200) + "' in '" + r_.uri() +
-                                  "' (header at offset " + std::to_string(e.header_offset) + "): " + err.what()));
+            Error(err.code(), "tensor '" + display_path(e.path).substr(0, 200) + "' in '" +
+                                  r_.uri() + "' (header at offset " +
+                                  std::to_string(e.header_offset) + "): " + err.what()));
       }
     }
     slot_freed_.notify_all();
@@ -322,7 +339,8 @@ class StagedJob {
 }  // namespace
 
 StagedLoadResult load_staged(Reader& reader, const std::vector<TensorDestination>& destinations,
-                             CopyBackend& backend, const LoadOptions& options, const StagingOptions& staging) {
+                             CopyBackend& backend, const LoadOptions& options,
+                             const StagingOptions& staging) {
   engine::check_destinations(reader, destinations);
   if (destinations.empty()) return {};
   return StagedJob(reader, destinations, backend, options, staging).run();

@@ -14,7 +14,8 @@ std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info) {
   for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
   if (!crc && !sha) return nullptr;
   const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-  return std::make_unique<TensorHasher>(crc, sha, hashable_header(raw, info.header_bytes.size(), h));
+  return std::make_unique<TensorHasher>(crc, sha,
+                                        hashable_header(raw, info.header_bytes.size(), h));
 }
 
 std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
@@ -32,8 +33,9 @@ std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
       computed = to_hex(hasher.sha256().data(), 32);
     }
     if (stored == computed) continue;
-    failures += std::string(failures.empty() ? "" : "; ") + (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") +
-                " stored " + stored + ", computed " + computed;
+    failures += std::string(failures.empty() ? "" : "; ") +
+                (hv.type == HashType::kCrc32 ? "CRC32" : "SHA-256") + " stored " + stored +
+                ", computed " + computed;
   }
   return failures;
 }
@@ -46,8 +48,8 @@ void verify_tensor(Reader& reader, size_t entry, const uint8_t* data) {
   hasher->update(data, e.data_length);
   const std::string failures = hash_failures(info, *hasher);
   if (!failures.empty())
-    fail(ErrorCode::kHashMismatch, "hash mismatch for tensor '" + display_path(e.path) + "' in '" + reader.uri() +
-                                       "': " + failures);
+    fail(ErrorCode::kHashMismatch, "hash mismatch for tensor '" + display_path(e.path) + "' in '" +
+                                       reader.uri() + "': " + failures);
 }
 
 }  // namespace tensorizer::engine

@@ -42,8 +42,8 @@ struct Planned {
 
 // Re-throws a failure of a parallel write naming the tensor and the sink.
 [[noreturn]] void throw_write_error(const Planned& p, const Sink& sink, const Error& err) {
-  throw Error(err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" + sink.uri() +
-                              "': " + err.what());
+  throw Error(err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) +
+                              "' to '" + sink.uri() + "': " + err.what());
 }
 
 }  // namespace
@@ -83,8 +83,10 @@ Writer::~Writer() {
   if (!impl_->closed) {
     try {
       // Destroyed by an exception unwinding the stack: the caller never finished, publish nothing.
-      if (impl_->failed || std::uncaught_exceptions() > 0) abort();
-      else close();
+      if (impl_->failed || std::uncaught_exceptions() > 0)
+        abort();
+      else
+        close();
     } catch (...) {
       // A destructor must not throw; the sink's own destructor discards what is left.
     }
@@ -119,7 +121,8 @@ void Writer::write_streamed(const WriteRequest& tensor, const Producer& produce)
 
 void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Producer* produce) {
   Impl& w = *impl_;
-  if (w.closed) fail(ErrorCode::kInvalidArgument, "write to a closed writer ('" + w.sink->uri() + "')");
+  if (w.closed)
+    fail(ErrorCode::kInvalidArgument, "write to a closed writer ('" + w.sink->uri() + "')");
   if (w.failed) fail(ErrorCode::kIO, "an earlier write to '" + w.sink->uri() + "' failed");
   if (tensors.empty()) return;
 
@@ -134,11 +137,13 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
     e.path = r.path;
     e.name = encode_path(r.path);
     const std::string label = "tensor '" + display_path(r.path).substr(0, 200) + "'";
-    if (e.name.size() > 0xffff) fail(ErrorCode::kInvalidArgument, label + ": name longer than 65535 bytes");
+    if (e.name.size() > 0xffff)
+      fail(ErrorCode::kInvalidArgument, label + ": name longer than 65535 bytes");
     if (r.type != TensorType::kStateDict && !r.path.is_plain())
       fail(ErrorCode::kInvalidArgument, label + ": structured names need tensor type STATE_DICT");
     if (r.dtype.size() > 255) fail(ErrorCode::kInvalidArgument, label + ": dtype string too long");
-    if (r.shape.size() > 255) fail(ErrorCode::kInvalidArgument, label + ": more than 255 dimensions");
+    if (r.shape.size() > 255)
+      fail(ErrorCode::kInvalidArgument, label + ": more than 255 dimensions");
     DType dt;
     try {
       dt = parse_dtype(r.dtype);
@@ -151,7 +156,8 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
     e.type = r.type;
     e.dtype = r.dtype;
     e.shape = r.shape;
-    const bool long_dims = std::any_of(r.shape.begin(), r.shape.end(), [](uint64_t d) { return d >= kLongDim; });
+    const bool long_dims =
+        std::any_of(r.shape.begin(), r.shape.end(), [](uint64_t d) { return d >= kLongDim; });
     e.entry_version = long_dims ? kLongDimsVersion : 1;
     uint64_t bytes = 0;
     uint64_t elements = 1;
@@ -160,7 +166,8 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
     if (overflow || __builtin_mul_overflow(elements, uint64_t{dt.itemsize}, &bytes))
       fail(ErrorCode::kInvalidArgument, label + ": size overflows 64 bits");
     e.data_length = r.meta ? 0 : bytes;
-    if (e.data_length > 0 && !r.data && !produce) fail(ErrorCode::kInvalidArgument, label + ": no data");
+    if (e.data_length > 0 && !r.data && !produce)
+      fail(ErrorCode::kInvalidArgument, label + ": no data");
     next.version = std::max(next.version, dt.min_version());
     if (r.meta && bytes > 0) next.version = std::max(next.version, kMetaVersion);
     if (long_dims) {
@@ -175,7 +182,8 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
   uint64_t index_needed = w.index_bytes(versioned);
   for (const auto& p : batch) index_needed += index_entry_size(p.entry, versioned);
   if (!w.started) {
-    next.index_size = std::max(w.options.index_reserve, round_up(index_needed + index_needed / 4, 4096));
+    next.index_size =
+        std::max(w.options.index_reserve, round_up(index_needed + index_needed / 4, 4096));
     w.cursor = kPreludeSize + next.index_size;
   } else if (index_needed > next.index_size) {
     fail(ErrorCode::kInvalidArgument,
@@ -200,9 +208,9 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
       // Sealed tensors carry SHA-256 only; meta and zero-length ones an empty CryptInfo (§3.8).
       f.crypt_field = true;
       f.crc32 = f.crc32 && e.data_length == 0;
-      f.crypt_info_size = e.data_length > 0
-                              ? crypto::TensorEncryptor::crypt_info_size(*w.options.encryption, e.data_length)
-                              : crypto::kEmptyCryptInfoSize;
+      f.crypt_info_size = e.data_length > 0 ? crypto::TensorEncryptor::crypt_info_size(
+                                                  *w.options.encryption, e.data_length)
+                                            : crypto::kEmptyCryptInfoSize;
     }
     const uint64_t align = e.data_length >= w.options.large_threshold ? w.options.large_alignment
                                                                       : w.options.alignment;
@@ -217,9 +225,12 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
     if (!w.started) w.sink->reserve(cursor + 8);
     w.started = true;
     w.header = next;
-    if (produce) w.write_streamed_data(batch[0], *produce);
-    else if (w.options.encryption) w.write_encrypted(batch);
-    else w.write_tensors(batch);
+    if (produce)
+      w.write_streamed_data(batch[0], *produce);
+    else if (w.options.encryption)
+      w.write_encrypted(batch);
+    else
+      w.write_tensors(batch);
     for (auto& p : batch) {
       w.paths.add(p.entry.path, "tensor", ErrorCode::kInvalidArgument);
       w.header.tensor_size += p.entry.data_length;
@@ -240,8 +251,9 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
   // hashing a large tensor (SHA-256 is sequential) while the others idle.
   std::vector<size_t> order(batch.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return batch[a].entry.data_length > batch[b].entry.data_length; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return batch[a].entry.data_length > batch[b].entry.data_length;
+  });
   parallel_for(batch.size(), default_workers(options.num_workers), [&](size_t i) {
     Planned& p = batch[order[i]];
     try {
@@ -302,7 +314,8 @@ std::unique_ptr<TensorHasher> make_hasher(const EncodedTensorHeader& h) {
 }  // namespace
 
 // Patches the hash values and the CryptInfo into the header, then writes it.
-void Writer::Impl::finish_header(Planned& p, TensorHasher* hasher, const crypto::TensorEncryptor* enc) {
+void Writer::Impl::finish_header(Planned& p, TensorHasher* hasher,
+                                 const crypto::TensorEncryptor* enc) {
   EncodedTensorHeader& h = p.header;
   if (hasher) {
     hasher->finish();
@@ -330,9 +343,9 @@ void Writer::Impl::write_encrypted(std::vector<Planned>& batch) {
   };
   struct Task {
     size_t tensor;
-    bool hash;          // hash the whole plaintext (tensors with several tasks)
-    uint64_t first;     // first chunk to seal
-    uint64_t chunks;    // chunks to seal (0 for a pure hashing task)
+    bool hash;        // hash the whole plaintext (tensors with several tasks)
+    uint64_t first;   // first chunk to seal
+    uint64_t chunks;  // chunks to seal (0 for a pure hashing task)
   };
   const EncryptionParams& params = *options.encryption;
   std::vector<Job> jobs(batch.size());
@@ -350,7 +363,8 @@ void Writer::Impl::write_encrypted(std::vector<Planned>& batch) {
     const bool separate_hash = chunks > kSealTaskChunks && jobs[t].hasher;
     if (separate_hash) tasks.push_back({t, true, 0, 0});
     for (uint64_t c = 0; c < chunks; c += kSealTaskChunks)
-      tasks.push_back({t, !separate_hash && jobs[t].hasher, c, std::min(kSealTaskChunks, chunks - c)});
+      tasks.push_back(
+          {t, !separate_hash && jobs[t].hasher, c, std::min(kSealTaskChunks, chunks - c)});
     jobs[t].tasks_left = (chunks + kSealTaskChunks - 1) / kSealTaskChunks + (separate_hash ? 1 : 0);
   }
 
@@ -392,16 +406,19 @@ void Writer::Impl::write_streamed_data(Planned& p, const Writer::Producer& produ
   std::unique_ptr<uint8_t[]> staging(cap ? new uint8_t[cap] : nullptr);
   uint64_t received = 0, written = 0, filled = 0;
   auto flush = [&] {
-    enc->encrypt_chunks(written / crypto::kChunkSize, staging.get(), staging.get(), filled, workers);
+    enc->encrypt_chunks(written / crypto::kChunkSize, staging.get(), staging.get(), filled,
+                        workers);
     sink->write_at(p.entry.data_offset + written, staging.get(), filled);
     written += filled;
     filled = 0;
   };
-  const std::string label = "tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" + sink->uri() + "'";
+  const std::string label =
+      "tensor '" + display_path(p.entry.path).substr(0, 200) + "' to '" + sink->uri() + "'";
   try {
     Writer::Emit emit = [&](const void* data, size_t size) {
       if (size > len - received)
-        fail(ErrorCode::kInvalidArgument, "more bytes were produced than the tensor's " + std::to_string(len));
+        fail(ErrorCode::kInvalidArgument,
+             "more bytes were produced than the tensor's " + std::to_string(len));
       const auto* bytes = static_cast<const uint8_t*>(data);
       if (hasher) hasher->update(bytes, size);
       received += size;
@@ -421,8 +438,9 @@ void Writer::Impl::write_streamed_data(Planned& p, const Writer::Producer& produ
     };
     produce(emit);
     if (received != len)
-      fail(ErrorCode::kInvalidArgument, std::to_string(received) + " bytes were produced, the tensor has " +
-                                            std::to_string(len));
+      fail(
+          ErrorCode::kInvalidArgument,
+          std::to_string(received) + " bytes were produced, the tensor has " + std::to_string(len));
     if (filled) flush();
     finish_header(p, hasher.get(), enc.get());
   } catch (const Error& err) {
@@ -443,7 +461,8 @@ void Writer::Impl::sync() {
 void Writer::close() {
   Impl& w = *impl_;
   if (w.closed) return;
-  if (w.failed) fail(ErrorCode::kIO, "cannot close '" + w.sink->uri() + "': an earlier write failed");
+  if (w.failed)
+    fail(ErrorCode::kIO, "cannot close '" + w.sink->uri() + "': an earlier write failed");
   try {
     if (!w.started) {
       // Nothing written: still produce a well-formed (empty) file, as the reference does.

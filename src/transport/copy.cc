@@ -17,16 +17,19 @@
 
 namespace tensorizer {
 
-uint64_t copy_object(const std::string& src, const std::string& dst, const TransportOptions& options, int workers,
+uint64_t copy_object(const std::string& src, const std::string& dst,
+                     const TransportOptions& options, int workers,
                      const std::function<void(uint64_t, uint64_t)>& progress) {
   std::unique_ptr<Source> source = open_source(src, options);
-  const uint64_t chunk = source->preferred_read_bytes() ? source->preferred_read_bytes() : 16ull << 20;
+  const uint64_t chunk =
+      source->preferred_read_bytes() ? source->preferred_read_bytes() : 16ull << 20;
   const uint64_t size = source->size();
   std::unique_ptr<Sink> sink = open_sink(dst, options);
   try {
     sink->reserve(size);
     const uint64_t chunks = (size + chunk - 1) / chunk;
-    if (workers <= 0) workers = source->preferred_readers() > 0 ? std::min(source->preferred_readers(), 8) : 4;
+    if (workers <= 0)
+      workers = source->preferred_readers() > 0 ? std::min(source->preferred_readers(), 8) : 4;
     workers = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(workers, chunks)));
     std::atomic<uint64_t> next{0}, done{0};
     std::atomic<int> running{workers};
@@ -34,7 +37,8 @@ uint64_t copy_object(const std::string& src, const std::string& dst, const Trans
     std::condition_variable finished;
     std::exception_ptr error;
     auto work = [&](Source* s) {
-      std::unique_ptr<char[]> buf(new char[static_cast<size_t>(std::min(chunk, std::max<uint64_t>(size, 1)))]);
+      std::unique_ptr<char[]> buf(
+          new char[static_cast<size_t>(std::min(chunk, std::max<uint64_t>(size, 1)))]);
       for (;;) {
         const uint64_t i = next.fetch_add(1);
         if (i >= chunks) break;
@@ -64,7 +68,9 @@ uint64_t copy_object(const std::string& src, const std::string& dst, const Trans
     // Progress from the calling thread while the workers run.
     for (;;) {
       std::unique_lock<std::mutex> lock(mu);
-      if (finished.wait_for(lock, std::chrono::milliseconds(250), [&] { return running.load() == 0; })) break;
+      if (finished.wait_for(lock, std::chrono::milliseconds(250),
+                            [&] { return running.load() == 0; }))
+        break;
       lock.unlock();
       if (progress) progress(done.load(), size);
     }

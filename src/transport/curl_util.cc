@@ -26,7 +26,8 @@ bool iequals_prefix(const std::string& line, const char* name, std::string* valu
   size_t n = std::strlen(name);
   if (line.size() <= n || line[n] != ':') return false;
   for (size_t i = 0; i < n; ++i)
-    if (std::tolower(static_cast<unsigned char>(line[i])) != std::tolower(static_cast<unsigned char>(name[i])))
+    if (std::tolower(static_cast<unsigned char>(line[i])) !=
+        std::tolower(static_cast<unsigned char>(name[i])))
       return false;
   *value = trim(line.substr(n + 1));
   return true;
@@ -130,7 +131,8 @@ void ResponseMeta::feed(const char* data, size_t size) {
   } else if (iequals_prefix(line, "Accept-Ranges", &v)) {
     accept_ranges = v;
   } else if (iequals_prefix(line, "Retry-After", &v)) {
-    if (!v.empty() && std::isdigit(static_cast<unsigned char>(v[0]))) retry_after_s = std::strtod(v.c_str(), nullptr);
+    if (!v.empty() && std::isdigit(static_cast<unsigned char>(v[0])))
+      retry_after_s = std::strtod(v.c_str(), nullptr);
   }
 }
 
@@ -181,17 +183,38 @@ double now_seconds() {
 std::string describe_status(long status, const std::string& body, bool s3) {
   std::string text = "HTTP " + std::to_string(status);
   switch (status) {
-    case 400: text += " Bad Request"; break;
-    case 401: text += " Unauthorized"; break;
-    case 403: text += " Forbidden"; break;
-    case 404: text += " Not Found"; break;
-    case 416: text += " Range Not Satisfiable"; break;
-    case 429: text += " Too Many Requests"; break;
-    case 500: text += " Internal Server Error"; break;
-    case 502: text += " Bad Gateway"; break;
-    case 503: text += " Service Unavailable"; break;
-    case 504: text += " Gateway Timeout"; break;
-    default: break;
+    case 400:
+      text += " Bad Request";
+      break;
+    case 401:
+      text += " Unauthorized";
+      break;
+    case 403:
+      text += " Forbidden";
+      break;
+    case 404:
+      text += " Not Found";
+      break;
+    case 416:
+      text += " Range Not Satisfiable";
+      break;
+    case 429:
+      text += " Too Many Requests";
+      break;
+    case 500:
+      text += " Internal Server Error";
+      break;
+    case 502:
+      text += " Bad Gateway";
+      break;
+    case 503:
+      text += " Service Unavailable";
+      break;
+    case 504:
+      text += " Gateway Timeout";
+      break;
+    default:
+      break;
   }
   if (s3) {
     std::string summary = s3_error_summary(body);
@@ -205,7 +228,8 @@ std::string uri_encode(const std::string& s, bool keep_slash) {
   std::string out;
   out.reserve(s.size());
   for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
       out += static_cast<char>(c);
     } else {
       out += '%';
@@ -219,7 +243,8 @@ std::string uri_encode(const std::string& s, bool keep_slash) {
 namespace {
 
 bool secret_parameter(std::string name) {
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   for (const char* word : {"sig", "token", "credential", "key", "secret", "password", "auth"})
     if (name.find(word) != std::string::npos) return true;
   return false;
@@ -242,7 +267,8 @@ std::string redact_url(const std::string& url) {
     const size_t amp = std::min(out.find('&', pos), end);
     std::string param = out.substr(pos, amp - pos);
     const size_t eq = param.find('=');
-    if (eq != std::string::npos && secret_parameter(param.substr(0, eq))) param.replace(eq + 1, std::string::npos, "***");
+    if (eq != std::string::npos && secret_parameter(param.substr(0, eq)))
+      param.replace(eq + 1, std::string::npos, "***");
     if (pos > q + 1) redacted += '&';
     redacted += param;
     pos = amp + 1;

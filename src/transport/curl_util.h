@@ -21,11 +21,11 @@ namespace tensorizer::net {
 
 // Where requests go and how they are authenticated; shared by every handle of one object.
 struct HttpTarget {
-  std::string url;          // request URL, without credentials
-  std::string display_uri;  // what messages show (the http(s) URL, or s3://bucket/key)
+  std::string url;                   // request URL, without credentials
+  std::string display_uri;           // what messages show (the http(s) URL, or s3://bucket/key)
   std::vector<std::string> headers;  // extra request headers, "Name: value"
   // AWS SigV4 signing by libcurl; empty sigv4 = unsigned (anonymous) requests.
-  std::string sigv4;        // e.g. "aws:amz:us-east-1:s3"
+  std::string sigv4;  // e.g. "aws:amz:us-east-1:s3"
   std::string access_key;
   std::string secret_key;
   std::string session_token;

@@ -3,6 +3,8 @@
 // Reads use preadv(2) straight into the caller's slices (one copy, kernel to destination).
 // Writes go to a hidden temporary file beside the target and are renamed over it on commit, so
 // the final path never holds a partial file.
+#include "transport/file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -15,7 +17,6 @@
 #include <random>
 
 #include "tensorizer/error.h"
-#include "transport/file.h"
 
 namespace tensorizer {
 namespace {
@@ -67,9 +68,11 @@ void transfer_all(std::vector<iovec>& iov, uint64_t offset, Op op, const char* w
     int n = static_cast<int>(std::min(iov.size() - first, kMaxIov));
     ssize_t r = op(&iov[first], n, offset + done);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail_errno(std::string(what) + " at offset " + std::to_string(offset + done), path, errno);
+    if (r < 0)
+      fail_errno(std::string(what) + " at offset " + std::to_string(offset + done), path, errno);
     if (r == 0)
-      fail(ErrorCode::kFormat, std::string(what) + " '" + path + "': unexpected end of file at offset " +
+      fail(ErrorCode::kFormat, std::string(what) + " '" + path +
+                                   "': unexpected end of file at offset " +
                                    std::to_string(offset + done) + " (" +
                                    std::to_string(total - done) + " bytes missing)");
     advance(iov, first, static_cast<size_t>(r));
@@ -103,12 +106,16 @@ class FileSource final : public Source {
     int fd = fd_->fd;
     transfer_all(
         iov, offset,
-        [fd](const iovec* v, int n, uint64_t off) { return ::preadv(fd, v, n, static_cast<off_t>(off)); },
+        [fd](const iovec* v, int n, uint64_t off) {
+          return ::preadv(fd, v, n, static_cast<off_t>(off));
+        },
         "reading", path_, total);
     fd_->bytes_read += total;
   }
 
-  std::unique_ptr<Source> clone() override { return std::make_unique<FileSource>(fd_, path_, size_); }
+  std::unique_ptr<Source> clone() override {
+    return std::make_unique<FileSource>(fd_, path_, size_);
+  }
   const std::string& uri() const override { return path_; }
   uint64_t bytes_read() const override { return fd_->bytes_read.load(); }
   int local_fd() const override { return fd_->fd; }
@@ -147,7 +154,9 @@ class FileSink final : public Sink {
     int fd = fd_;
     transfer_all(
         iov, offset,
-        [fd](const iovec* v, int n, uint64_t off) { return ::pwritev(fd, v, n, static_cast<off_t>(off)); },
+        [fd](const iovec* v, int n, uint64_t off) {
+          return ::pwritev(fd, v, n, static_cast<off_t>(off));
+        },
         "writing", path_, total);
   }
 

@@ -4,10 +4,10 @@
 // alive between requests), asks for `Range: bytes=a-b`, and the write callback copies the body
 // into the destination slices as it arrives. A failed or short transfer (drop, reset, stall,
 // 408/429/5xx) is retried with exponential backoff from the first byte not yet delivered, until
-// `max_retries` consecutive failures, or failures without progress for `stall_timeout_s`. The first response's
-// ETag (else Last-Modified) pins the object: a later response naming another version is an error,
-// never mixed data. Servers that ignore Range (200 with the whole body) are read through one
-// whole-object transfer kept open across sequential reads (StreamCursor); such a source prefers
+// `max_retries` consecutive failures, or failures without progress for `stall_timeout_s`. The first
+// response's ETag (else Last-Modified) pins the object: a later response naming another version is
+// an error, never mixed data. Servers that ignore Range (200 with the whole body) are read through
+// one whole-object transfer kept open across sequential reads (StreamCursor); such a source prefers
 // one reader.
 #include "transport/http.h"
 
@@ -32,11 +32,11 @@ struct Attempt {
   char errbuf[CURL_ERROR_SIZE] = {0};
   ResponseMeta meta;
   std::string error_body;
-  uint64_t delivered = 0;      // bytes written into the slices by this attempt
-  bool fatal = false;          // stop retrying: `fatal_code` / `fatal_message`
+  uint64_t delivered = 0;  // bytes written into the slices by this attempt
+  bool fatal = false;      // stop retrying: `fatal_code` / `fatal_message`
   ErrorCode fatal_code = ErrorCode::kIO;
   std::string fatal_message;
-  bool retry = false;          // the callbacks found a retryable condition
+  bool retry = false;  // the callbacks found a retryable condition
   std::string retry_reason;
 };
 
@@ -102,7 +102,8 @@ bool check_response(Transfer& t) {
   Attempt& a = *t.attempt;
   const ResponseMeta& m = a.meta;
   Shared& s = *t.shared;
-  if (m.status < 200 || m.status >= 300) return true;  // the body is an error text; classified later
+  if (m.status < 200 || m.status >= 300)
+    return true;  // the body is an error text; classified later
   {
     std::lock_guard<std::mutex> lock(s.mu);
     const bool etag_changed = !s.etag.empty() && !m.etag.empty() && m.etag != s.etag;
@@ -110,19 +111,21 @@ bool check_response(Transfer& t) {
                               !m.last_modified.empty() && m.last_modified != s.last_modified;
     if (etag_changed || date_changed) {
       a.fatal = true;
-      a.fatal_message = "the object changed during the load (" +
-                        (etag_changed ? "ETag " + s.etag + " became " + m.etag
-                                      : "Last-Modified " + s.last_modified + " became " + m.last_modified) +
-                        ")";
+      a.fatal_message =
+          "the object changed during the load (" +
+          (etag_changed ? "ETag " + s.etag + " became " + m.etag
+                        : "Last-Modified " + s.last_modified + " became " + m.last_modified) +
+          ")";
       return false;
     }
   }
   if (m.status == 206) {
     if (!m.has_content_range || m.range_first != t.request_first) {
       a.fatal = true;
-      a.fatal_message = "the server answered a request for offset " + std::to_string(t.request_first) +
-                        " with " + (m.has_content_range ? "offset " + std::to_string(m.range_first)
-                                                        : std::string("no Content-Range"));
+      a.fatal_message = "the server answered a request for offset " +
+                        std::to_string(t.request_first) + " with " +
+                        (m.has_content_range ? "offset " + std::to_string(m.range_first)
+                                             : std::string("no Content-Range"));
       return false;
     }
     std::lock_guard<std::mutex> lock(s.mu);
@@ -194,7 +197,8 @@ class StreamCursor {
                 long& status) {
     const std::vector<IoSlice> original = slices;
     uint64_t from_history = 0;
-    if (easy_ && offset < pos_ && offset >= history_at_ && pos_ - offset <= history_.size() - (offset - history_at_)) {
+    if (easy_ && offset < pos_ && offset >= history_at_ &&
+        pos_ - offset <= history_.size() - (offset - history_at_)) {
       // A read a little behind the stream (e.g. the first tensors after the index): from history.
       from_history = std::min(total, pos_ - offset);
       std::vector<IoSlice>* keep = slices_;
@@ -216,8 +220,9 @@ class StreamCursor {
     drain_leftover();
     while (got_ < want_ && error_.empty()) {
       if (finished_) {
-        error_ = result_ != CURLE_OK ? std::string("curl: ") + (errbuf_[0] ? errbuf_ : curl_easy_strerror(result_))
-                                     : "the response ended at byte " + std::to_string(pos_);
+        error_ = result_ != CURLE_OK
+                     ? std::string("curl: ") + (errbuf_[0] ? errbuf_ : curl_easy_strerror(result_))
+                     : "the response ended at byte " + std::to_string(pos_);
         break;
       }
       if (paused_) {
@@ -230,7 +235,8 @@ class StreamCursor {
       int left = 0;
       while (CURLMsg* m = curl_multi_info_read(multi_, &left))
         if (m->msg == CURLMSG_DONE) finished_ = true, result_ = m->data.result;
-      if (!finished_ && got_ < want_ && !paused_) curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
+      if (!finished_ && got_ < want_ && !paused_)
+        curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
     }
     status = meta_.status;
     if (!error_.empty()) {
@@ -238,7 +244,8 @@ class StreamCursor {
       stop();
     } else if (from_history == 0 && total <= kHistory) {
       history_.clear();
-      for (const IoSlice& sl : original) history_.append(static_cast<const char*>(sl.data), sl.size);
+      for (const IoSlice& sl : original)
+        history_.append(static_cast<const char*>(sl.data), sl.size);
       history_at_ = offset;
     }
     slices_ = nullptr;
@@ -382,16 +389,18 @@ class HttpSource final : public Source {
     }
     if (offset > s_->size || total > s_->size - offset)
       fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
-                                   std::to_string(offset) + " runs past the end of '" + uri() + "' (" +
-                                   std::to_string(s_->size) + " bytes)");
+                                   std::to_string(offset) + " runs past the end of '" + uri() +
+                                   "' (" + std::to_string(s_->size) + " bytes)");
     if (total == 0) return;
     bool ranges;
     {
       std::lock_guard<std::mutex> lock(s_->mu);
       ranges = s_->ranges;
     }
-    if (ranges) fetch(offset, rest, total, /*probe=*/false);
-    else fetch_streamed(offset, rest, total);
+    if (ranges)
+      fetch(offset, rest, total, /*probe=*/false);
+    else
+      fetch_streamed(offset, rest, total);
     s_->bytes_read += total;
   }
 
@@ -461,7 +470,8 @@ class HttpSource final : public Source {
           std::lock_guard<std::mutex> lock(s_->mu);
           if (!s_->probed)
             fail(ErrorCode::kIO, "'" + uri() + "': cannot tell the object's size (HTTP " +
-                                     std::to_string(a.meta.status) + " without Content-Range or Content-Length)");
+                                     std::to_string(a.meta.status) +
+                                     " without Content-Range or Content-Length)");
         }
         s_->give(std::move(h));
         return;
@@ -475,7 +485,8 @@ class HttpSource final : public Source {
         last_error = text;
       } else if (a.code != CURLE_OK) {
         last_error = std::string("curl: ") + (a.errbuf[0] ? a.errbuf : curl_easy_strerror(a.code));
-        if (!net::retryable(a.code)) fail(ErrorCode::kIO, where(offset, total, done) + ": " + last_error);
+        if (!net::retryable(a.code))
+          fail(ErrorCode::kIO, where(offset, total, done) + ": " + last_error);
       } else {
         last_error = "the response ended early (HTTP " + std::to_string(status) + ", " +
                      std::to_string(done) + " of " + std::to_string(total) + " bytes)";
@@ -485,10 +496,12 @@ class HttpSource final : public Source {
       const double idle = net::now_seconds() - failing_since;
       if (failures > opt.max_retries || (opt.stall_timeout_s > 0 && idle >= opt.stall_timeout_s))
         fail(ErrorCode::kIO, where(offset, total, done) + ": gave up at offset " +
-                                 std::to_string(offset + done) + " after " + std::to_string(failures) +
-                                 " failed attempt" + (failures == 1 ? "" : "s") + " (last: " + last_error + ")");
+                                 std::to_string(offset + done) + " after " +
+                                 std::to_string(failures) + " failed attempt" +
+                                 (failures == 1 ? "" : "s") + " (last: " + last_error + ")");
       double delay = net::backoff_delay(failures, opt.retry_delay_s, a.meta.retry_after_s);
-      if (opt.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
+      if (opt.stall_timeout_s > 0)
+        delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
       net::sleep_for_seconds(delay);
     }
   }
@@ -509,18 +522,22 @@ class HttpSource final : public Source {
       done += got;
       if (done == total) return;
       if (got > 0) failures = 0, failing_since = -1;
-      if (status == 404) fail(ErrorCode::kNotFound, "'" + uri() + "' does not exist (" + error + ")");
-      if (status >= 400 && !net::retryable_status(status)) fail(ErrorCode::kIO, where(offset, total, done) + ": " + error);
+      if (status == 404)
+        fail(ErrorCode::kNotFound, "'" + uri() + "' does not exist (" + error + ")");
+      if (status >= 400 && !net::retryable_status(status))
+        fail(ErrorCode::kIO, where(offset, total, done) + ": " + error);
       if (error.find("changed during the load") != std::string::npos)
         fail(ErrorCode::kIO, where(offset, total, done) + ": " + error);
       ++failures;
       if (failing_since < 0) failing_since = net::now_seconds();
       const double idle = net::now_seconds() - failing_since;
       if (failures > opt.max_retries || (opt.stall_timeout_s > 0 && idle >= opt.stall_timeout_s))
-        fail(ErrorCode::kIO, where(offset, total, done) + ": gave up at offset " + std::to_string(offset + done) +
-                                 " after " + std::to_string(failures) + " failed attempts (last: " + error + ")");
+        fail(ErrorCode::kIO,
+             where(offset, total, done) + ": gave up at offset " + std::to_string(offset + done) +
+                 " after " + std::to_string(failures) + " failed attempts (last: " + error + ")");
       double delay = net::backoff_delay(failures, opt.retry_delay_s, -1);
-      if (opt.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
+      if (opt.stall_timeout_s > 0)
+        delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
       net::sleep_for_seconds(delay);
     }
   }
@@ -540,7 +557,8 @@ class HttpSource final : public Source {
     } else {
       return false;
     }
-    if (m.status == 200 && m.accept_ranges == "bytes") s_->ranges = true;  // full body, yet ranges work
+    if (m.status == 200 && m.accept_ranges == "bytes")
+      s_->ranges = true;  // full body, yet ranges work
     s_->etag = m.etag;
     s_->last_modified = m.last_modified;
     s_->cache_status = m.cache_status;
@@ -568,8 +586,8 @@ class HttpSource final : public Source {
            std::to_string(offset) + " (failed at offset " + std::to_string(offset + done) + ")";
   }
 
-  [[noreturn]] void fail_status(long status, const std::string& text, uint64_t offset, uint64_t total,
-                                uint64_t done) const {
+  [[noreturn]] void fail_status(long status, const std::string& text, uint64_t offset,
+                                uint64_t total, uint64_t done) const {
     std::string msg = where(offset, total, done) + ": " + text;
     if (status == 404) fail(ErrorCode::kNotFound, "'" + uri() + "' does not exist (" + text + ")");
     if (status == 401 || status == 403) {
@@ -592,8 +610,10 @@ uint64_t read_bytes_from_env() {
   errno = 0;
   const unsigned long long mib = std::strtoull(v, &end, 10);
   if (errno || *end || *v == '-' || mib == 0 || mib > (1ull << 20))
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("TENSORIZER_READ_MIB must be a whole number of MiB from 1 to 1048576, not '") + v + "'");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        std::string("TENSORIZER_READ_MIB must be a whole number of MiB from 1 to 1048576, not '") +
+            v + "'");
   return mib << 20;
 }
 

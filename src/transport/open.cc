@@ -22,8 +22,8 @@ std::string scheme_of(const std::string& uri) {
 }
 
 [[noreturn]] void unsupported(const std::string& scheme, const std::string& uri, const char* dir) {
-  fail(ErrorCode::kUnsupported,
-       "no " + std::string(dir) + " transport for scheme '" + scheme + "' (" + net::redact_url(uri) + ")");
+  fail(ErrorCode::kUnsupported, "no " + std::string(dir) + " transport for scheme '" + scheme +
+                                    "' (" + net::redact_url(uri) + ")");
 }
 
 }  // namespace

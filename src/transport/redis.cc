@@ -20,6 +20,8 @@
 // (client memory stays bounded whatever the tensor size), then publishes in one MULTI/EXEC:
 // RENAME each staging key to its final name and DEL keys of an older object under the prefix.
 // abort() (or a failure) deletes the staging keys; the prefix keeps what it had.
+#include "transport/redis.h"
+
 #include <hiredis/hiredis.h>
 #include <poll.h>
 #include <sys/sendfile.h>
@@ -37,7 +39,6 @@
 #include "tensorizer/error.h"
 #include "tensorizer/format.h"
 #include "transport/curl_util.h"
-#include "transport/redis.h"
 #include "transport/staging.h"
 
 namespace tensorizer {
@@ -110,10 +111,14 @@ Reply command(redisContext* c, const RedisAddress& a, const std::vector<std::str
     argv.push_back(s.data());
     lens.push_back(s.size());
   }
-  Reply r(static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), lens.data())));
-  if (!r) fail(ErrorCode::kIO, "'" + a.uri + "': Redis " + args[0] + " failed: " + (c->err ? c->errstr : "no reply"));
+  Reply r(static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), lens.data())));
+  if (!r)
+    fail(ErrorCode::kIO,
+         "'" + a.uri + "': Redis " + args[0] + " failed: " + (c->err ? c->errstr : "no reply"));
   if (r->type == REDIS_REPLY_ERROR)
-    fail(ErrorCode::kIO, "'" + a.uri + "': Redis " + args[0] + " failed: " + std::string(r->str, r->len));
+    fail(ErrorCode::kIO,
+         "'" + a.uri + "': Redis " + args[0] + " failed: " + std::string(r->str, r->len));
   return r;
 }
 
@@ -128,7 +133,8 @@ std::string glob_escape(const std::string& s) {
 }
 
 // Every key matching `<prefix>:*`.
-std::vector<std::string> scan_keys(redisContext* c, const RedisAddress& a, const std::string& prefix) {
+std::vector<std::string> scan_keys(redisContext* c, const RedisAddress& a,
+                                   const std::string& prefix) {
   std::vector<std::string> keys;
   std::string cursor = "0";
   do {
@@ -137,7 +143,8 @@ std::vector<std::string> scan_keys(redisContext* c, const RedisAddress& a, const
       fail(ErrorCode::kIO, "'" + a.uri + "': unexpected reply to SCAN");
     cursor.assign(r->element[0]->str, r->element[0]->len);
     const redisReply* list = r->element[1];
-    for (size_t i = 0; i < list->elements; ++i) keys.emplace_back(list->element[i]->str, list->element[i]->len);
+    for (size_t i = 0; i < list->elements; ++i)
+      keys.emplace_back(list->element[i]->str, list->element[i]->len);
   } while (cursor != "0");
   return keys;
 }
@@ -197,7 +204,8 @@ class RespReader {
         landed += k;
         continue;
       }
-      ssize_t r = ::recv(fd_, dst + landed, static_cast<size_t>(std::min<uint64_t>(left, 1u << 30)), 0);
+      ssize_t r =
+          ::recv(fd_, dst + landed, static_cast<size_t>(std::min<uint64_t>(left, 1u << 30)), 0);
       check(r);
       if (r > 0) landed += static_cast<uint64_t>(r);
     }
@@ -219,7 +227,8 @@ class RespReader {
     if (r > 0) return;
     if (r == 0) throw std::runtime_error("connection closed by the server");
     if (errno == EINTR) return;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) throw std::runtime_error("timed out waiting for data");
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      throw std::runtime_error("timed out waiting for data");
     throw std::runtime_error(std::string("receive failed: ") + std::strerror(errno));
   }
 
@@ -265,8 +274,9 @@ class RedisSource final : public Source {
       if (slices[i].size) rest.push_back(slices[i]);
     }
     if (offset > s_->size || total > s_->size - offset)
-      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " + std::to_string(offset) +
-                                   " runs past the end of '" + uri() + "' (" + std::to_string(s_->size) + " bytes)");
+      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
+                                   std::to_string(offset) + " runs past the end of '" + uri() +
+                                   "' (" + std::to_string(s_->size) + " bytes)");
     if (total == 0) return;
     const TransportOptions& o = s_->options;
     uint64_t done = 0;
@@ -296,9 +306,11 @@ class RedisSource final : public Source {
         if (failing_since < 0) failing_since = net::now_seconds();
         const double idle = net::now_seconds() - failing_since;
         if (failures > o.max_retries || (o.stall_timeout_s > 0 && idle >= o.stall_timeout_s))
-          fail(ErrorCode::kIO, "'" + uri() + "': reading " + std::to_string(total) + " bytes at offset " +
-                                   std::to_string(offset) + ": gave up at offset " + std::to_string(offset + done) +
-                                   " after " + std::to_string(failures) + " failed attempts (last: " + e.what() + ")");
+          fail(ErrorCode::kIO, "'" + uri() + "': reading " + std::to_string(total) +
+                                   " bytes at offset " + std::to_string(offset) +
+                                   ": gave up at offset " + std::to_string(offset + done) +
+                                   " after " + std::to_string(failures) +
+                                   " failed attempts (last: " + e.what() + ")");
         double delay = net::backoff_delay(failures, o.retry_delay_s, -1);
         if (o.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, o.stall_timeout_s - idle));
         net::sleep_for_seconds(delay);
@@ -333,16 +345,19 @@ class RedisSource final : public Source {
   }
 
   // Reads [offset, offset+total) into `dst` (advanced as bytes land; `got` counts them).
-  void read_pieces(redisContext* c, uint64_t offset, uint64_t total, std::vector<IoSlice>& dst, uint64_t& got) {
+  void read_pieces(redisContext* c, uint64_t offset, uint64_t total, std::vector<IoSlice>& dst,
+                   uint64_t& got) {
     const auto& sl = s_->slices;
     const uint64_t end = offset + total;
-    auto it = std::upper_bound(sl.begin(), sl.end(), offset,
-                               [](uint64_t off, const Slice& s) { return off < s.offset + s.length; });
+    auto it = std::upper_bound(sl.begin(), sl.end(), offset, [](uint64_t off, const Slice& s) {
+      return off < s.offset + s.length;
+    });
     std::vector<Piece> pieces;
     uint64_t pos = offset;
     for (size_t i = static_cast<size_t>(it - sl.begin()); i < sl.size() && pos < end; ++i) {
       if (sl[i].offset > pos) break;  // a gap
-      const uint64_t b = pos - sl[i].offset, e = std::min(end, sl[i].offset + sl[i].length) - sl[i].offset;
+      const uint64_t b = pos - sl[i].offset,
+                     e = std::min(end, sl[i].offset + sl[i].length) - sl[i].offset;
       pieces.push_back({i, b, e - b});
       pos = sl[i].offset + e;
     }
@@ -357,8 +372,11 @@ class RedisSource final : public Source {
       for (size_t k = first; k < last; ++k) {
         const Piece& p = pieces[k];
         const Slice& s = sl[p.slice];
-        if (p.begin == 0 && p.length == s.length) append_command(out, {"GET", s.key});
-        else append_command(out, {"GETRANGE", s.key, std::to_string(p.begin), std::to_string(p.begin + p.length - 1)});
+        if (p.begin == 0 && p.length == s.length)
+          append_command(out, {"GET", s.key});
+        else
+          append_command(out, {"GETRANGE", s.key, std::to_string(p.begin),
+                               std::to_string(p.begin + p.length - 1)});
       }
       send_all(c->fd, out);
       for (size_t k = first; k < last; ++k) receive(in, pieces[k], dst, got);
@@ -381,11 +399,14 @@ class RedisSource final : public Source {
       fail(ErrorCode::kIO, "'" + uri() + "': Redis answered " + what + " for key '" + s.key + "'");
     }
     const long long n = std::atoll(head.c_str() + 1);
-    if (n < 0) fail(ErrorCode::kNotFound, "'" + uri() + "': key '" + s.key + "' disappeared during the load");
+    if (n < 0)
+      fail(ErrorCode::kNotFound,
+           "'" + uri() + "': key '" + s.key + "' disappeared during the load");
     if (static_cast<uint64_t>(n) != p.length)
-      fail(ErrorCode::kFormat, "'" + uri() + "': key '" + s.key + "' changed during the load (expected " +
-                                   std::to_string(p.length) + " bytes at " + std::to_string(p.begin) + ", got " +
-                                   std::to_string(n) + ")");
+      fail(ErrorCode::kFormat, "'" + uri() + "': key '" + s.key +
+                                   "' changed during the load (expected " +
+                                   std::to_string(p.length) + " bytes at " +
+                                   std::to_string(p.begin) + ", got " + std::to_string(n) + ")");
     uint64_t left = p.length;
     while (left > 0) {
       IoSlice& d = dst.front();
@@ -445,7 +466,8 @@ class RedisSink final : public Sink {
     std::vector<std::pair<std::string, Slice>> plan = layout();  // final key -> file slice
     Context c = connect(addr_, options_);
     std::random_device rd;
-    const std::string stage = addr_.prefix + ".tz-staging-" + std::to_string(rd()) + std::to_string(rd());
+    const std::string stage =
+        addr_.prefix + ".tz-staging-" + std::to_string(rd()) + std::to_string(rd());
     try {
       for (size_t i = 0; i < plan.size(); ++i) {
         staged_.push_back(stage + ":" + std::to_string(i));
@@ -459,13 +481,16 @@ class RedisSink final : public Sink {
         if (!keep.count(k) && key_offset(k, off)) stale.push_back(std::move(k));
       }
       command(c.get(), addr_, {"MULTI"});
-      for (size_t i = 0; i < plan.size(); ++i) command(c.get(), addr_, {"RENAME", staged_[i], plan[i].first});
+      for (size_t i = 0; i < plan.size(); ++i)
+        command(c.get(), addr_, {"RENAME", staged_[i], plan[i].first});
       for (const auto& k : stale) command(c.get(), addr_, {"DEL", k});
       Reply r = command(c.get(), addr_, {"EXEC"});
-      if (r->type != REDIS_REPLY_ARRAY) fail(ErrorCode::kIO, "'" + addr_.uri + "': the publishing transaction failed");
+      if (r->type != REDIS_REPLY_ARRAY)
+        fail(ErrorCode::kIO, "'" + addr_.uri + "': the publishing transaction failed");
       for (size_t i = 0; i < r->elements; ++i)
         if (r->element[i]->type == REDIS_REPLY_ERROR)
-          fail(ErrorCode::kIO, "'" + addr_.uri + "': publishing failed: " + std::string(r->element[i]->str));
+          fail(ErrorCode::kIO,
+               "'" + addr_.uri + "': publishing failed: " + std::string(r->element[i]->str));
       staged_.clear();
     } catch (...) {
       discard_staged();
@@ -491,17 +516,19 @@ class RedisSink final : public Sink {
     staging_.read_at(0, head.data(), head.size());
     FileHeader h = parse_file_header(reinterpret_cast<const uint8_t*>(head.data()), head.size());
     const uint64_t index_end = kPreludeSize + h.index_size;
-    if (index_end > size) fail(ErrorCode::kFormat, "'" + addr_.uri + "': the staged object is truncated");
+    if (index_end > size)
+      fail(ErrorCode::kFormat, "'" + addr_.uri + "': the staged object is truncated");
     head.resize(index_end);
     staging_.read_at(kPreludeSize, head.data() + kPreludeSize, h.index_size);
     std::vector<std::pair<std::string, Slice>> plan;
     plan.push_back({addr_.prefix + ":header:0", {0, index_end, ""}});
     if (h.tensor_count == 0) return plan;
-    std::vector<IndexEntry> entries = parse_index(reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize,
-                                                  h.index_size, h, size);
+    std::vector<IndexEntry> entries = parse_index(
+        reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize, h.index_size, h, size);
     for (const auto& e : entries) {
       const std::string base = addr_.prefix + ":" + e.name + ":";
-      plan.push_back({base + std::to_string(e.header_offset), {e.header_offset, e.header_size(), ""}});
+      plan.push_back(
+          {base + std::to_string(e.header_offset), {e.header_offset, e.header_size(), ""}});
       if (e.data_length > 0)
         plan.push_back({base + std::to_string(e.data_offset), {e.data_offset, e.data_length, ""}});
     }
@@ -510,28 +537,31 @@ class RedisSink final : public Sink {
 
   // SET key <file bytes>, the value streamed from the staging file with sendfile(2).
   void upload(redisContext* c, const std::string& key, const Slice& s) {
-    std::string head = "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$" +
-                       std::to_string(s.length) + "\r\n";
+    std::string head = "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key +
+                       "\r\n$" + std::to_string(s.length) + "\r\n";
     try {
       send_all(c->fd, head);
       off_t off = static_cast<off_t>(s.offset);
       uint64_t left = s.length;
       while (left > 0) {
-        ssize_t w = ::sendfile(c->fd, staging_.fd(), &off, static_cast<size_t>(std::min<uint64_t>(left, 1u << 30)));
+        ssize_t w = ::sendfile(c->fd, staging_.fd(), &off,
+                               static_cast<size_t>(std::min<uint64_t>(left, 1u << 30)));
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) throw std::runtime_error(std::string("sendfile failed: ") + std::strerror(errno));
+        if (w <= 0)
+          throw std::runtime_error(std::string("sendfile failed: ") + std::strerror(errno));
         left -= static_cast<uint64_t>(w);
       }
       send_all(c->fd, "\r\n");
       RespReader in(c->fd);
       std::string reply = in.line();
       if (reply != "+OK")
-        fail(ErrorCode::kIO, "'" + addr_.uri + "': storing key '" + key + "' failed: " + reply.substr(0, 200));
+        fail(ErrorCode::kIO,
+             "'" + addr_.uri + "': storing key '" + key + "' failed: " + reply.substr(0, 200));
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      fail(ErrorCode::kIO, "'" + addr_.uri + "': storing file bytes at offset " + std::to_string(s.offset) +
-                               " failed: " + e.what());
+      fail(ErrorCode::kIO, "'" + addr_.uri + "': storing file bytes at offset " +
+                               std::to_string(s.offset) + " failed: " + e.what());
     }
   }
 
@@ -554,7 +584,8 @@ class RedisSink final : public Sink {
 };
 
 // Lists the keys under the prefix (SCAN, then STRLEN of each, pipelined) as sorted file slices.
-// Throws Error; `c->err` is set when the connection itself failed (then the listing may be retried).
+// Throws Error; `c->err` is set when the connection itself failed (then the listing may be
+// retried).
 std::vector<Slice> list_slices(redisContext* c, const RedisAddress& a) {
   const std::vector<std::string> keys = scan_keys(c, a, a.prefix);
   std::vector<Slice> slices;
@@ -568,19 +599,23 @@ std::vector<Slice> list_slices(redisContext* c, const RedisAddress& a) {
     for (size_t i = first; i < last; ++i) {
       void* raw = nullptr;
       if (redisGetReply(c, &raw) != REDIS_OK || !raw)
-        fail(ErrorCode::kIO, "'" + a.uri + "': Redis STRLEN failed: " + (c->err ? c->errstr : "no reply"));
+        fail(ErrorCode::kIO,
+             "'" + a.uri + "': Redis STRLEN failed: " + (c->err ? c->errstr : "no reply"));
       Reply r(static_cast<redisReply*>(raw));
       uint64_t off;
       if (r->type != REDIS_REPLY_INTEGER || !key_offset(keys[i], off)) continue;
       if (r->integer > 0) slices.push_back({off, static_cast<uint64_t>(r->integer), keys[i]});
     }
   }
-  if (slices.empty()) fail(ErrorCode::kNotFound, "'" + a.uri + "': no keys under the prefix '" + a.prefix + ":'");
-  std::sort(slices.begin(), slices.end(), [](const Slice& x, const Slice& y) { return x.offset < y.offset; });
+  if (slices.empty())
+    fail(ErrorCode::kNotFound, "'" + a.uri + "': no keys under the prefix '" + a.prefix + ":'");
+  std::sort(slices.begin(), slices.end(),
+            [](const Slice& x, const Slice& y) { return x.offset < y.offset; });
   for (size_t i = 1; i < slices.size(); ++i)
     if (slices[i].offset < slices[i - 1].offset + slices[i - 1].length)
-      fail(ErrorCode::kFormat, "'" + a.uri + "': keys '" + slices[i - 1].key + "' and '" + slices[i].key +
-                                   "' overlap (" + std::to_string(slices[i - 1].length) + " bytes at " +
+      fail(ErrorCode::kFormat, "'" + a.uri + "': keys '" + slices[i - 1].key + "' and '" +
+                                   slices[i].key + "' overlap (" +
+                                   std::to_string(slices[i - 1].length) + " bytes at " +
                                    std::to_string(slices[i - 1].offset) + ")");
   return slices;
 }
@@ -592,7 +627,8 @@ std::unique_ptr<Source> open_redis_source(const std::string& uri, const Transpor
   s->addr = parse_redis_uri(uri);
   s->options = options;
   // Connecting and listing are retried as reads are: a failed connection or one lost part-way
-  // starts the listing again on a new connection, with backoff, until max_retries or stall_timeout_s.
+  // starts the listing again on a new connection, with backoff, until max_retries or
+  // stall_timeout_s.
   int failures = 0;
   const double since = net::now_seconds();
   for (;;) {
@@ -606,11 +642,14 @@ std::unique_ptr<Source> open_redis_source(const std::string& uri, const Transpor
       if (c && !c->err) throw;  // an error reply or a bad layout, not a lost connection
       ++failures;
       const double idle = net::now_seconds() - since;
-      if (failures > options.max_retries || (options.stall_timeout_s > 0 && idle >= options.stall_timeout_s))
-        fail(ErrorCode::kIO, "listing the keys of '" + uri + "' gave up after " + std::to_string(failures) +
-                                 " failed attempts (last: " + e.what() + ")");
+      if (failures > options.max_retries ||
+          (options.stall_timeout_s > 0 && idle >= options.stall_timeout_s))
+        fail(ErrorCode::kIO, "listing the keys of '" + uri + "' gave up after " +
+                                 std::to_string(failures) + " failed attempts (last: " + e.what() +
+                                 ")");
       double delay = net::backoff_delay(failures, options.retry_delay_s, -1);
-      if (options.stall_timeout_s > 0) delay = std::min(delay, std::max(0.0, options.stall_timeout_s - idle));
+      if (options.stall_timeout_s > 0)
+        delay = std::min(delay, std::max(0.0, options.stall_timeout_s - idle));
       net::sleep_for_seconds(delay);
     }
   }

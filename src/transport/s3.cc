@@ -10,6 +10,8 @@
 // are read from the file by several threads, each part retried with backoff; if any part still
 // fails the upload is aborted (AbortMultipartUpload), so nothing half-written ever becomes
 // visible. abort() just deletes the temporary file. Memory stays bounded (parts stream from disk).
+#include "transport/s3.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,7 +25,6 @@
 #include "tensorizer/error.h"
 #include "transport/curl_util.h"
 #include "transport/http.h"
-#include "transport/s3.h"
 #include "transport/s3_config.h"
 #include "transport/staging.h"
 
@@ -48,7 +49,8 @@ S3Location parse_s3_uri(const std::string& uri) {
   return {rest.substr(0, slash), rest.substr(slash + 1)};
 }
 
-net::HttpTarget make_target(const std::string& uri, const TransportOptions& options, bool for_write) {
+net::HttpTarget make_target(const std::string& uri, const TransportOptions& options,
+                            bool for_write) {
   S3Location loc = parse_s3_uri(uri);
   s3::ResolvedS3 r = s3::resolve(options, for_write);
   net::HttpTarget t;
@@ -91,7 +93,8 @@ size_t read_body(char* buf, size_t size, size_t n, void* user) {
 
 int seek_body(void* user, curl_off_t offset, int origin) {
   auto* b = static_cast<BodyReader*>(user);
-  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > b->size) return CURL_SEEKFUNC_FAIL;
+  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > b->size)
+    return CURL_SEEKFUNC_FAIL;
   b->pos = static_cast<uint64_t>(offset);
   return CURL_SEEKFUNC_OK;
 }
@@ -116,8 +119,9 @@ size_t collect_body(char* data, size_t size, size_t n, void* user) {
 }
 
 // One S3 request. `query` is appended to the object URL; `file_body` or `text_body` is sent.
-Response request(CURL* h, const net::HttpTarget& target, const TransportOptions& options, const char* method,
-                 const std::string& query, BodyReader* file_body, const std::string* text_body) {
+Response request(CURL* h, const net::HttpTarget& target, const TransportOptions& options,
+                 const char* method, const std::string& query, BodyReader* file_body,
+                 const std::string* text_body) {
   net::HttpTarget t = target;
   t.url += query;
   net::CurlHeaders headers;
@@ -144,7 +148,8 @@ Response request(CURL* h, const net::HttpTarget& target, const TransportOptions&
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
                      static_cast<curl_off_t>(text_body ? text_body->size() : 0));
   }
-  if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "POST") != 0 && std::strcmp(method, "PUT") != 0)
+  if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "POST") != 0 &&
+      std::strcmp(method, "PUT") != 0)
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
   r.code = curl_easy_perform(h);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
@@ -155,8 +160,8 @@ Response request(CURL* h, const net::HttpTarget& target, const TransportOptions&
 
 // Runs `make()` until it returns a 2xx (with no S3 <Error> body), retrying transient failures.
 template <typename Make>
-Response with_retries(const TransportOptions& options, const net::HttpTarget& target, const std::string& what,
-                      Make make) {
+Response with_retries(const TransportOptions& options, const net::HttpTarget& target,
+                      const std::string& what, Make make) {
   std::string last;
   for (int attempt = 1;; ++attempt) {
     Response r = make();
@@ -170,15 +175,17 @@ Response with_retries(const TransportOptions& options, const net::HttpTarget& ta
       last = net::describe_status(r.status, r.body, true);
       again = net::retryable_status(r.status) || (error_body && r.status < 300);
       if (r.status == 401 || r.status == 403)
-        fail(ErrorCode::kIO, "'" + target.display_uri + "': " + what + ": access denied (" + last + "); " +
-                                 target.credential_note);
+        fail(ErrorCode::kIO, "'" + target.display_uri + "': " + what + ": access denied (" + last +
+                                 "); " + target.credential_note);
       if (r.status == 404)
         fail(ErrorCode::kNotFound, "'" + target.display_uri + "': " + what + ": " + last);
     }
     if (!again || attempt > options.max_retries)
-      fail(ErrorCode::kIO, "'" + target.display_uri + "': " + what + " failed after " + std::to_string(attempt) +
-                               " attempt" + (attempt == 1 ? "" : "s") + " (last: " + last + ")");
-    net::sleep_for_seconds(net::backoff_delay(attempt, options.retry_delay_s, r.meta.retry_after_s));
+      fail(ErrorCode::kIO, "'" + target.display_uri + "': " + what + " failed after " +
+                               std::to_string(attempt) + " attempt" + (attempt == 1 ? "" : "s") +
+                               " (last: " + last + ")");
+    net::sleep_for_seconds(
+        net::backoff_delay(attempt, options.retry_delay_s, r.meta.retry_after_s));
   }
 }
 
@@ -202,10 +209,13 @@ class S3Sink final : public Sink {
   void reserve(uint64_t size) override { staging_.reserve(size); }
 
   void commit() override {
-    if (done_) fail(ErrorCode::kIO, "'" + target_.display_uri + "' was already committed or aborted");
+    if (done_)
+      fail(ErrorCode::kIO, "'" + target_.display_uri + "' was already committed or aborted");
     const uint64_t size = staging_.size();
-    if (size <= kSinglePutMax) put_whole(size);
-    else multipart(size);
+    if (size <= kSinglePutMax)
+      put_whole(size);
+    else
+      multipart(size);
     done_ = true;
     staging_.remove();
   }
@@ -246,16 +256,19 @@ class S3Sink final : public Sink {
         net::CurlEasy& ph = handles[static_cast<size_t>(w)];
         if (!ph) ph = net::make_easy();
         const uint64_t off = i * part, len = std::min(part, size - off);
-        Response r = with_retries(options_, target_, "uploading part " + std::to_string(i + 1), [&] {
-          BodyReader body{staging_.fd(), off, len};
-          return request(ph.get(), target_, options_, "PUT",
-                         "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body, nullptr);
-        });
+        Response r =
+            with_retries(options_, target_, "uploading part " + std::to_string(i + 1), [&] {
+              BodyReader body{staging_.fd(), off, len};
+              return request(ph.get(), target_, options_, "PUT",
+                             "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body,
+                             nullptr);
+            });
         etags[i] = r.meta.etag;
       });
       std::string xml = "<CompleteMultipartUpload>";
       for (size_t i = 0; i < parts; ++i)
-        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags[i] + "</ETag></Part>";
+        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags[i] +
+               "</ETag></Part>";
       xml += "</CompleteMultipartUpload>";
       with_retries(options_, target_, "completing the multipart upload", [&] {
         return request(h.get(), target_, options_, "POST", "?" + id_query, nullptr, &xml);

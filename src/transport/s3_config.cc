@@ -117,7 +117,8 @@ Found aws_chain(const TransportOptions& o) {
   Ini ini;
   const std::string cred_path = credentials_file();
   if (parse_ini(expand(cred_path), ini)) {
-    auto a = lookup(ini, profile + ".aws_access_key_id"), s = lookup(ini, profile + ".aws_secret_access_key");
+    auto a = lookup(ini, profile + ".aws_access_key_id"),
+         s = lookup(ini, profile + ".aws_secret_access_key");
     if (a && s) {
       f.access_key = *a;
       f.secret_key = *s;
@@ -237,11 +238,16 @@ ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
 
   // Endpoint: argument → .s3cfg host_base → environment → AWS profile → default.
   if (!endpoint) {
-    if (auto e = env("AWS_ENDPOINT_URL_S3")) endpoint = e, endpoint_from_env = true;
-    else if (auto e2 = env("AWS_ENDPOINT_URL")) endpoint = e2, endpoint_from_env = true;
-    else if (auto e3 = profile_setting(o, "s3.endpoint_url")) endpoint = e3, endpoint_from_env = true;
-    else if (auto e4 = profile_setting(o, "endpoint_url")) endpoint = e4, endpoint_from_env = true;
-    else endpoint = for_write ? kDefaultWriteEndpoint : kDefaultReadEndpoint;
+    if (auto e = env("AWS_ENDPOINT_URL_S3"))
+      endpoint = e, endpoint_from_env = true;
+    else if (auto e2 = env("AWS_ENDPOINT_URL"))
+      endpoint = e2, endpoint_from_env = true;
+    else if (auto e3 = profile_setting(o, "s3.endpoint_url"))
+      endpoint = e3, endpoint_from_env = true;
+    else if (auto e4 = profile_setting(o, "endpoint_url"))
+      endpoint = e4, endpoint_from_env = true;
+    else
+      endpoint = for_write ? kDefaultWriteEndpoint : kDefaultReadEndpoint;
   }
   std::string ep = *endpoint;
   while (!ep.empty() && ep.back() == '/') ep.pop_back();
@@ -250,8 +256,8 @@ ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
     if (http) ep = "http://" + ep.substr(8);
   } else if (ep.rfind("http://", 0) == 0) {
     if (!http && !endpoint_from_env)
-      fail(ErrorCode::kInvalidArgument,
-           "Non-HTTPS endpoint URLs are not allowed (" + ep + "); pass force_http to use plain HTTP");
+      fail(ErrorCode::kInvalidArgument, "Non-HTTPS endpoint URLs are not allowed (" + ep +
+                                            "); pass force_http to use plain HTTP");
   } else if (ep.find("://") != std::string::npos) {
     fail(ErrorCode::kInvalidArgument, "unsupported S3 endpoint scheme in '" + ep + "'");
   } else {
@@ -259,11 +265,16 @@ ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
   }
   r.endpoint = ep;
 
-  if (o.s3_region) r.region = *o.s3_region;
-  else if (auto e = env("AWS_REGION")) r.region = *e;
-  else if (auto e2 = env("AWS_DEFAULT_REGION")) r.region = *e2;
-  else if (auto e3 = profile_setting(o, "region")) r.region = *e3;
-  else r.region = "us-east-1";
+  if (o.s3_region)
+    r.region = *o.s3_region;
+  else if (auto e = env("AWS_REGION"))
+    r.region = *e;
+  else if (auto e2 = env("AWS_DEFAULT_REGION"))
+    r.region = *e2;
+  else if (auto e3 = profile_setting(o, "region"))
+    r.region = *e3;
+  else
+    r.region = "us-east-1";
 
   const std::string host = host_of(ep);
   r.virtual_hosted = o.s3_virtual_hosted.value_or(host == "cwobject.com" || host == "cwlota.com");

@@ -19,11 +19,13 @@ StagingFile::StagingFile(const std::string& tag) {
   const char* tmp = std::getenv("TMPDIR");
   std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/." + tag + "-XXXXXX";
   fd_ = ::mkostemp(path.data(), O_CLOEXEC);
-  if (fd_ < 0) fail(ErrorCode::kIO, "cannot create a staging file in '" + path + "': " + std::strerror(errno));
+  if (fd_ < 0)
+    fail(ErrorCode::kIO, "cannot create a staging file in '" + path + "': " + std::strerror(errno));
   ::unlink(path.c_str());
 }
 
-void StagingFile::write_gather(uint64_t offset, const IoSlice* slices, size_t count, const std::string& what) {
+void StagingFile::write_gather(uint64_t offset, const IoSlice* slices, size_t count,
+                               const std::string& what) {
   if (fd_ < 0) fail(ErrorCode::kIO, "'" + what + "' was already committed or aborted");
   for (size_t i = 0; i < count; ++i) {
     const char* p = static_cast<const char*>(slices[i].data);
@@ -32,8 +34,8 @@ void StagingFile::write_gather(uint64_t offset, const IoSlice* slices, size_t co
       ssize_t w = ::pwrite(fd_, p, left, static_cast<off_t>(offset));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0)
-        fail(ErrorCode::kIO, "staging '" + what + "' (temporary file) at offset " + std::to_string(offset) +
-                                 ": " + std::strerror(errno));
+        fail(ErrorCode::kIO, "staging '" + what + "' (temporary file) at offset " +
+                                 std::to_string(offset) + ": " + std::strerror(errno));
       p += w;
       left -= static_cast<size_t>(w);
       offset += static_cast<uint64_t>(w);
@@ -56,7 +58,8 @@ void StagingFile::read_at(uint64_t offset, void* dst, size_t size) const {
   while (size > 0) {
     ssize_t r = ::pread(fd_, p, size, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) fail(ErrorCode::kIO, "reading back the staging file at offset " + std::to_string(offset));
+    if (r <= 0)
+      fail(ErrorCode::kIO, "reading back the staging file at offset " + std::to_string(offset));
     p += r;
     size -= static_cast<size_t>(r);
     offset += static_cast<uint64_t>(r);

@@ -23,7 +23,6 @@ using test::hex;
 
 const uint8_t* u8(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
 
-
 TensorPath P(std::vector<PathComponent> c) { return TensorPath(std::move(c)); }
 
 // ---- Tensor paths (spec §2.1) ---------------------------------------------------------------
@@ -47,7 +46,8 @@ TEST(TensorPathTest, JsonEscapingMatchesPython) {
   // BMP characters above U+07FF and at the edges.
   EXPECT_EQ(encode_path(P({"\xe2\x82\xac\xef\xbf\xbf", uint64_t{18446744073709551615ull}})),
             "\x1e[\"\\u20ac\\uffff\",18446744073709551615]");
-  EXPECT_EQ(encode_path(P({"a", ""})), "\x1e[\"a\",\"\"]") << "an empty component is fine inside JSON";
+  EXPECT_EQ(encode_path(P({"a", ""})), "\x1e[\"a\",\"\"]")
+      << "an empty component is fine inside JSON";
   EXPECT_EQ(encode_path(P({"a", "b"})), "\x1e[\"a\",\"b\"]");
 }
 
@@ -78,34 +78,34 @@ TEST(TensorPathTest, DecodeAcceptsWhatPythonJsonAccepts) {
 
 TEST(TensorPathTest, DecodeRejectsMalformedNames) {
   const std::vector<std::string> bad = {
-      "",                        // empty
-      std::string("\x1e", 1),    // marker only
-      "\x1e[",                   // too short
-      "\x1e[]",                  // no components
-      "\x1e{\"a\":1}",           // not an array
-      "\x1e\"a\"]",              // does not start with [
-      "\x1e[\"a\"",              // does not end with ]
-      "\x1e[\"a\n\"]",           // line break
-      "\x1e[\"a\r\"]",           // line break
-      "\x1e[1.5]",               // float
-      "\x1e[1e3]",               // float
-      "\x1e[-1]",                // negative
-      "\x1e[01]",                // leading zero
-      "\x1e[true]",              // bool
-      "\x1e[null]",              // null
-      "\x1e[NaN]",               // constant
-      "\x1e[{}]",                // object
-      "\x1e[[1]]",               // nested array
-      "\x1e[\"a\",]",            // trailing comma
-      "\x1e[\"a\"\"b\"]",        // missing comma
-      "\x1e[1]]",                // trailing bytes
-      "\x1e[\"a]",               // unterminated string
-      "\x1e[\"a\\x\"]",          // bad escape
-      "\x1e[\"\\u12\"]",         // truncated \u
-      "\x1e[\"\\u12g4\"]",       // bad hex digit
-      "\x1e[\"\\ud800\"]",       // lone high surrogate
-      "\x1e[\"\\udc00\"]",       // lone low surrogate
-      "\x1e[\"\x01\"]",          // raw control character in a string
+      "",                               // empty
+      std::string("\x1e", 1),           // marker only
+      "\x1e[",                          // too short
+      "\x1e[]",                         // no components
+      "\x1e{\"a\":1}",                  // not an array
+      "\x1e\"a\"]",                     // does not start with [
+      "\x1e[\"a\"",                     // does not end with ]
+      "\x1e[\"a\n\"]",                  // line break
+      "\x1e[\"a\r\"]",                  // line break
+      "\x1e[1.5]",                      // float
+      "\x1e[1e3]",                      // float
+      "\x1e[-1]",                       // negative
+      "\x1e[01]",                       // leading zero
+      "\x1e[true]",                     // bool
+      "\x1e[null]",                     // null
+      "\x1e[NaN]",                      // constant
+      "\x1e[{}]",                       // object
+      "\x1e[[1]]",                      // nested array
+      "\x1e[\"a\",]",                   // trailing comma
+      "\x1e[\"a\"\"b\"]",               // missing comma
+      "\x1e[1]]",                       // trailing bytes
+      "\x1e[\"a]",                      // unterminated string
+      "\x1e[\"a\\x\"]",                 // bad escape
+      "\x1e[\"\\u12\"]",                // truncated \u
+      "\x1e[\"\\u12g4\"]",              // bad hex digit
+      "\x1e[\"\\ud800\"]",              // lone high surrogate
+      "\x1e[\"\\udc00\"]",              // lone low surrogate
+      "\x1e[\"\x01\"]",                 // raw control character in a string
       "\x1e[99999999999999999999999]",  // integer too large
   };
   for (const auto& b : bad) {
@@ -119,7 +119,10 @@ TEST(TensorPathTest, EncodeRejectsUnreadableNames) {
   EXPECT_EQ(error_code_of([] { encode_path(TensorPath("\x1e[0]")); }), ErrorCode::kInvalidArgument);
   // A structured component must be valid UTF-8 to be written as JSON.
   EXPECT_EQ(error_code_of([] { encode_path(P({"a", "\xff"})); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(error_code_of([] { encode_path(P({"a", "\xed\xa0\x80"})); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(error_code_of([] {
+              encode_path(P({"a", "\xed\xa0\x80"}));
+            }),
+            ErrorCode::kInvalidArgument);
 }
 
 TEST(TensorPathTest, DisplayPath) {
@@ -140,21 +143,47 @@ std::string opaque(const char* np, const char* torch) { return std::string(np) +
 
 std::vector<DTypeRow> dtype_table() {
   std::vector<DTypeRow> rows = {
-      {"torch.float16", "<f2", 2, 1},    {"torch.float32", "<f4", 4, 1},
-      {"torch.float64", "<f8", 8, 1},    {"torch.int8", "|i1", 1, 1},
-      {"torch.uint8", "|u1", 1, 1},      {"torch.int16", "<i2", 2, 1},
-      {"torch.int32", "<i4", 4, 1},      {"torch.int64", "<i8", 8, 1},
-      {"torch.bool", "|b1", 1, 1},       {"torch.complex64", "<c8", 8, 1},
-      {"torch.complex128", "<c16", 16, 1}, {"torch.uint16", "<u2", 2, 1},
-      {"torch.uint32", "<u4", 4, 1},     {"torch.uint64", "<u8", 8, 1},
+      {"torch.float16", "<f2", 2, 1},
+      {"torch.float32", "<f4", 4, 1},
+      {"torch.float64", "<f8", 8, 1},
+      {"torch.int8", "|i1", 1, 1},
+      {"torch.uint8", "|u1", 1, 1},
+      {"torch.int16", "<i2", 2, 1},
+      {"torch.int32", "<i4", 4, 1},
+      {"torch.int64", "<i8", 8, 1},
+      {"torch.bool", "|b1", 1, 1},
+      {"torch.complex64", "<c8", 8, 1},
+      {"torch.complex128", "<c16", 16, 1},
+      {"torch.uint16", "<u2", 2, 1},
+      {"torch.uint32", "<u4", 4, 1},
+      {"torch.uint64", "<u8", 8, 1},
       {"torch.bfloat16", opaque("<V2", "torch.bfloat16"), 2, 2},
       {"torch.complex32", opaque("<V4", "torch.complex32"), 4, 2},
       {"torch.bits16", opaque("<V2", "torch.bits16"), 2, 2},
   };
-  for (const char* n : {"float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz",
-                        "float8_e8m0fnu", "bits8", "bits1x8", "bits2x4", "bits4x2", "uint1",
-                        "uint2", "uint3", "uint4", "uint5", "uint6", "uint7", "int1", "int2",
-                        "int3", "int4", "int5", "int6", "int7"}) {
+  for (const char* n : {"float8_e5m2",
+                        "float8_e4m3fn",
+                        "float8_e5m2fnuz",
+                        "float8_e4m3fnuz",
+                        "float8_e8m0fnu",
+                        "bits8",
+                        "bits1x8",
+                        "bits2x4",
+                        "bits4x2",
+                        "uint1",
+                        "uint2",
+                        "uint3",
+                        "uint4",
+                        "uint5",
+                        "uint6",
+                        "uint7",
+                        "int1",
+                        "int2",
+                        "int3",
+                        "int4",
+                        "int5",
+                        "int6",
+                        "int7"}) {
     const std::string name = std::string("torch.") + n;
     rows.push_back({name, opaque("|V1", name.c_str()), 1, 2});
   }
@@ -224,9 +253,11 @@ TEST(DTypeTest, Errors) {
   for (const auto& s : bad) {
     EXPECT_EQ(error_code_of([&] { parse_dtype(s); }), ErrorCode::kFormat) << hex(s);
   }
-  for (const char* q : {"torch.qint8", "quint8", "torch.qint32", "torch.quint4x2", "torch.quint2x4"})
+  for (const char* q :
+       {"torch.qint8", "quint8", "torch.qint32", "torch.quint4x2", "torch.quint2x4"})
     EXPECT_EQ(error_code_of([&] { dtype_string_for_torch(q); }), ErrorCode::kUnsupported) << q;
-  EXPECT_EQ(error_code_of([] { dtype_string_for_torch("torch.nonsense"); }), ErrorCode::kUnsupported);
+  EXPECT_EQ(error_code_of([] { dtype_string_for_torch("torch.nonsense"); }),
+            ErrorCode::kUnsupported);
   EXPECT_EQ(error_code_of([] { torch_dtype_itemsize("torch.nonsense"); }), ErrorCode::kUnsupported);
 }
 
@@ -242,8 +273,10 @@ TEST(FileHeaderTest, EncodeLayout) {
   std::string b = encode_file_header(h);
   ASSERT_EQ(b.size(), kPreludeSize);
   EXPECT_EQ(hex(b),
-            "7c545a527c"  "02000000" + std::string(64, '0') + "1c00000000000000" +
-                std::string(16, '0') + "0200000000000000" + "0000040000000000");
+            "7c545a527c"
+            "02000000" +
+                std::string(64, '0') + "1c00000000000000" + std::string(16, '0') +
+                "0200000000000000" + "0000040000000000");
   h.version = 4;
   b = encode_file_header(h);
   EXPECT_EQ(hex(b.substr(9, 32)), "01" + std::string(62, '0'));
@@ -295,11 +328,14 @@ TEST(FileHeaderTest, Rejections) {
   h.tensor_count = 1;
   h.index_size = 100;
   const std::string good = encode_file_header(h);
-  auto code = [](std::string b) { return error_code_of([&] { parse_file_header(u8(b), b.size()); }); };
+  auto code = [](std::string b) {
+    return error_code_of([&] { parse_file_header(u8(b), b.size()); });
+  };
   EXPECT_EQ(code(""), ErrorCode::kFormat);
   EXPECT_EQ(code("|TZR"), ErrorCode::kFormat);
   EXPECT_EQ(code("|TZX|" + good.substr(5)), ErrorCode::kFormat);
-  for (size_t n = 0; n < kPreludeSize; ++n) EXPECT_EQ(code(good.substr(0, n)), ErrorCode::kFormat) << n;
+  for (size_t n = 0; n < kPreludeSize; ++n)
+    EXPECT_EQ(code(good.substr(0, n)), ErrorCode::kFormat) << n;
   for (uint32_t v : {0u, 6u, 7u, 0xffffffffu}) {
     std::string b = good;
     codec::store_le<uint32_t>(b.data() + 5, v);
@@ -363,8 +399,17 @@ TEST(IndexTest, EntryBytesMatchTheWorkedExample) {
   std::string out;
   encode_index_entry(w, false, out);
   EXPECT_EQ(hex(out),
-            "0100" "77" "02" "03" "3c6634" "02" "02000000" "03000000" "4900040000000000"
-            "9700040000000000" "1800000000000000");
+            "0100"
+            "77"
+            "02"
+            "03"
+            "3c6634"
+            "02"
+            "02000000"
+            "03000000"
+            "4900040000000000"
+            "9700040000000000"
+            "1800000000000000");
   EXPECT_EQ(index_entry_size(w, false), out.size());
   EXPECT_EQ(out.size(), 29u + 1 + 3 + 8);
   out.clear();
@@ -414,7 +459,10 @@ TEST(IndexTest, LongDimsEntryLayout) {
   encode_index_entry(e, true, out);
   EXPECT_EQ(out.size(), 4u + 29 + 4 + 3 + 2 * 8);
   EXPECT_EQ(hex(out.substr(0, 4)), "05000000");
-  EXPECT_EQ(hex(out.substr(4 + 2 + 4 + 1 + 1 + 3, 1 + 16)), "02" "0000000001000000" "0000000000000000");
+  EXPECT_EQ(hex(out.substr(4 + 2 + 4 + 1 + 1 + 3, 1 + 16)),
+            "02"
+            "0000000001000000"
+            "0000000000000000");
   IndexFixture f = build_index({make_entry("a", "<f4", {2}, 900, 80, 8), e}, true);
   auto parsed = f.parse();
   ASSERT_EQ(parsed.size(), 2u);
@@ -462,9 +510,11 @@ TEST(IndexTest, Rejections) {
   auto with = [&](std::vector<IndexEntry> entries, bool versioned = false) {
     return code(build_index(entries, versioned));
   };
-  EXPECT_EQ(with({make_entry("a", "<f4", {2}, 900, 80, 9)}), ErrorCode::kFormat) << "length vs shape";
+  EXPECT_EQ(with({make_entry("a", "<f4", {2}, 900, 80, 9)}), ErrorCode::kFormat)
+      << "length vs shape";
   EXPECT_EQ(with({make_entry("a", "<V2", {2}, 900, 80, 4)}), ErrorCode::kFormat) << "bad dtype";
-  EXPECT_EQ(with({make_entry("a", "<f4", {2}, 3, 80, 8)}), ErrorCode::kFormat) << "header in prelude";
+  EXPECT_EQ(with({make_entry("a", "<f4", {2}, 3, 80, 8)}), ErrorCode::kFormat)
+      << "header in prelude";
   EXPECT_EQ(with({make_entry("a", "<f4", {2}, 900, 4, 8)}), ErrorCode::kFormat) << "tiny header";
   EXPECT_EQ(with({make_entry("a", "<f4", {uint64_t{1} << 31, uint64_t{1} << 31, 8}, 900, 80, 0)}),
             ErrorCode::kFormat)
@@ -472,8 +522,9 @@ TEST(IndexTest, Rejections) {
   EXPECT_EQ(with({make_entry("\x1e[\"a\",0]", "<f4", {2}, 900, 80, 8, TensorType::kParam)}),
             ErrorCode::kFormat)
       << "structured name on a PARAM";
-  EXPECT_EQ(with({make_entry("a", "<f4", {2}, 900, 80, 8), make_entry("a", "<f4", {2}, 1000, 80, 8)}),
-            ErrorCode::kFormat)
+  EXPECT_EQ(
+      with({make_entry("a", "<f4", {2}, 900, 80, 8), make_entry("a", "<f4", {2}, 1000, 80, 8)}),
+      ErrorCode::kFormat)
       << "duplicate";
   EXPECT_EQ(with({make_entry("\x1e[\"a\"]", "<f4", {2}, 900, 80, 8),
                   make_entry("\x1e[\"a\",\"b\"]", "<f4", {2}, 1000, 80, 8)}),
@@ -522,8 +573,21 @@ TEST(TensorHeaderTest, WorkedExampleHeaderBytes) {
   EncodedTensorHeader h = encode_tensor_header(f, 262217, 1);
   ASSERT_EQ(h.bytes.size(), 78u);
   EXPECT_EQ(hex(h.bytes.substr(0, 38)),
-            "4e00000000000000" "0000" "02" "0100" "77" "03" "3c6634" "02" "02000000" "03000000"
-            "2900" "02" "0004" "00000000" "0120");
+            "4e00000000000000"
+            "0000"
+            "02"
+            "0100"
+            "77"
+            "03"
+            "3c6634"
+            "02"
+            "02000000"
+            "03000000"
+            "2900"
+            "02"
+            "0004"
+            "00000000"
+            "0120");
   EXPECT_EQ(h.crc32_offset, 32u);
   EXPECT_EQ(h.sha256_offset, 38u);
   EXPECT_EQ(hex(h.bytes.substr(70)), "1800000000000000");
@@ -573,7 +637,9 @@ TEST(TensorHeaderTest, RoundTripAllLayouts) {
     f.crypt_info_size = crypt ? 10 : 0;
     const uint64_t at = 262217;
     EncodedTensorHeader e = encode_tensor_header(f, at, aligned ? 64 : 1);
-    if (aligned) { EXPECT_EQ((at + e.bytes.size()) % 64, 0u); }
+    if (aligned) {
+      EXPECT_EQ((at + e.bytes.size()) % 64, 0u);
+    }
     if (crypt) std::memset(e.bytes.data() + e.crypt_info_offset, 0x5a, 10);
     std::memset(e.bytes.data() + e.crc32_offset, 0x11, 4);
     std::memset(e.bytes.data() + e.sha256_offset, 0x22, 32);
@@ -611,7 +677,10 @@ TEST(TensorHeaderTest, LongShapeHeaderUsesU64Dims) {
   f.long_shape = true;
   EncodedTensorHeader e = encode_tensor_header(f, 0, 1);
   EXPECT_EQ(e.bytes.size(), 66u + 1 + 3 + 16);
-  EXPECT_EQ(hex(e.bytes.substr(13 + 1 + 1 + 3, 17)), "02" "0000000001000000" "0000000000000000");
+  EXPECT_EQ(hex(e.bytes.substr(13 + 1 + 1 + 3, 17)),
+            "02"
+            "0000000001000000"
+            "0000000000000000");
 }
 
 TEST(TensorHeaderTest, Rejections) {
@@ -622,7 +691,8 @@ TEST(TensorHeaderTest, Rejections) {
     return error_code_of([&] { parse_tensor_header(u8(b), b.size(), crypt, false); });
   };
   ASSERT_NO_THROW(parse_tensor_header(u8(good), good.size(), false, false));
-  for (size_t n = 0; n < good.size(); ++n) EXPECT_EQ(code(good.substr(0, n)), ErrorCode::kFormat) << n;
+  for (size_t n = 0; n < good.size(); ++n)
+    EXPECT_EQ(code(good.substr(0, n)), ErrorCode::kFormat) << n;
   std::string b = good;
   codec::store_le<uint64_t>(b.data(), 0);
   EXPECT_EQ(code(b), ErrorCode::kFormat) << "empty header";
@@ -695,8 +765,8 @@ std::string write_unaligned(const std::string& path, const std::vector<WriteRequ
   return test::read_file(path);
 }
 
-WriteRequest req(TensorPath p, const std::string& torch, std::vector<uint64_t> shape, const void* data,
-                 bool meta = false) {
+WriteRequest req(TensorPath p, const std::string& torch, std::vector<uint64_t> shape,
+                 const void* data, bool meta = false) {
   WriteRequest r;
   r.path = std::move(p);
   r.dtype = dtype_string_for_torch(torch);
@@ -710,20 +780,56 @@ TEST(WholeFileTest, WorkedExampleIsByteExact) {
   test::TempDir dir;
   const float w[6] = {0, 1, 2, 3, 4, 5};
   const uint16_t b[2] = {0x3f80, 0x4000};  // bfloat16 1, 2
-  const std::string f = write_unaligned(dir.path("x.tensors"), {req(TensorPath("w"), "float32", {2, 3}, w),
-                                                            req(TensorPath("b"), "bfloat16", {2}, b)});
+  const std::string f = write_unaligned(
+      dir.path("x.tensors"),
+      {req(TensorPath("w"), "float32", {2, 3}, w), req(TensorPath("b"), "bfloat16", {2}, b)});
   ASSERT_EQ(f.size(), 262420u);
-  EXPECT_EQ(hex(f.substr(0, 73)), "7c545a527c" "02000000" + std::string(64, '0') + "1c00000000000000" +
-                                      std::string(16, '0') + "0200000000000000" "0000040000000000");
-  EXPECT_EQ(hex(f.substr(73, 41)), "0100" "77" "02" "03" "3c6634" "02" "02000000" "03000000"
-                                   "4900040000000000" "9700040000000000" "1800000000000000");
+  EXPECT_EQ(hex(f.substr(0, 73)),
+            "7c545a527c"
+            "02000000" +
+                std::string(64, '0') + "1c00000000000000" + std::string(16, '0') +
+                "0200000000000000"
+                "0000040000000000");
+  EXPECT_EQ(hex(f.substr(73, 41)),
+            "0100"
+            "77"
+            "02"
+            "03"
+            "3c6634"
+            "02"
+            "02000000"
+            "03000000"
+            "4900040000000000"
+            "9700040000000000"
+            "1800000000000000");
   EXPECT_EQ(hex(f.substr(114, 52)),
-            "0100" "62" "02" "12" "3c563200746f7263682e62666c6f61743136" "01" "02000000"
-            "af00040000000000" "0801040000000000" "0400000000000000");
+            "0100"
+            "62"
+            "02"
+            "12"
+            "3c563200746f7263682e62666c6f61743136"
+            "01"
+            "02000000"
+            "af00040000000000"
+            "0801040000000000"
+            "0400000000000000");
   EXPECT_EQ(f.find_first_not_of('\0', 166), 262217u) << "unused index bytes are zero";
   EXPECT_EQ(hex(f.substr(262217, 8)), "4e00000000000000");
-  EXPECT_EQ(hex(f.substr(262225, 19)), "0000" "02" "0100" "77" "03" "3c6634" "02" "02000000" "03000000");
-  EXPECT_EQ(hex(f.substr(262244, 9)), "2900" "02" "0004" "9ffb2f2e");
+  EXPECT_EQ(hex(f.substr(262225, 19)),
+            "0000"
+            "02"
+            "0100"
+            "77"
+            "03"
+            "3c6634"
+            "02"
+            "02000000"
+            "03000000");
+  EXPECT_EQ(hex(f.substr(262244, 9)),
+            "2900"
+            "02"
+            "0004"
+            "9ffb2f2e");
   EXPECT_EQ(hex(f.substr(262253, 2)), "0120");
   EXPECT_EQ(hex(f.substr(262287, 8)), "1800000000000000");
   EXPECT_EQ(f.substr(262295, 24), std::string(reinterpret_cast<const char*>(w), 24));
@@ -740,10 +846,10 @@ TEST(WholeFileTest, StructuredNamesAreByteExact) {
   const double x = 3;
   const uint8_t l0 = 1, l1 = 1;
   const std::string nasty = "\xc3\xa9\n\"\\\x7f\x01\t\xf0\x9f\x98\x80/";
-  const std::string f = write_unaligned(
-      dir.path("n.tensors"), {req(P({"x", nasty}), "float64", {1}, &x),
-                              req(P({"l", uint64_t{0}}), "uint8", {1}, &l0),
-                              req(P({"l", uint64_t{1}}), "bool", {1}, &l1)});
+  const std::string f =
+      write_unaligned(dir.path("n.tensors"), {req(P({"x", nasty}), "float64", {1}, &x),
+                                              req(P({"l", uint64_t{0}}), "uint8", {1}, &l0),
+                                              req(P({"l", uint64_t{1}}), "bool", {1}, &l1)});
   EXPECT_EQ(f.size(), 262518u);
   EXPECT_EQ(f.substr(75, 0x30),
             "\x1e[\"x\",\"\\u00e9\\n\\\"\\\\\\u007f\\u0001\\t\\ud83d\\ude00/\"]");
@@ -754,9 +860,9 @@ TEST(WholeFileTest, StructuredNamesAreByteExact) {
 TEST(WholeFileTest, MetaTensorFileIsByteExact) {
   test::TempDir dir;
   const float real[3] = {1, 2, 3};
-  const std::string f = write_unaligned(dir.path("m.tensors"), {req(TensorPath("real"), "float32", {3}, real),
-                                                            req(TensorPath("ghost"), "float32", {3, 2},
-                                                                nullptr, true)});
+  const std::string f = write_unaligned(
+      dir.path("m.tensors"), {req(TensorPath("real"), "float32", {3}, real),
+                              req(TensorPath("ghost"), "float32", {3, 2}, nullptr, true)});
   EXPECT_EQ(codec::load_le<uint32_t>(f.data() + 5), 4u);
   EXPECT_EQ(f.size(), 262396u);
   EXPECT_EQ(test::sha256_hex(f.data(), f.size()),

@@ -32,8 +32,8 @@ Key read_key(const std::string& path) {
 }
 
 // Loads every tensor of `path` (verifying hashes) and compares with the fixture's manifest.
-void expect_manifest(const std::string& path, const std::string& fixture, std::optional<DecryptionParams> dec,
-                     const TransportOptions& transport = {}) {
+void expect_manifest(const std::string& path, const std::string& fixture,
+                     std::optional<DecryptionParams> dec, const TransportOptions& transport = {}) {
   const json& tensors = test::manifest()["files"][fixture]["tensors"];
   ReaderOptions ro;
   ro.decryption = dec;
@@ -77,9 +77,11 @@ TEST_F(CryptCliTest, EncryptAndDecryptEveryUnencryptedFixture) {
                       back = dir_.path(name + ".back"), penc = dir_.path(name + ".penc"),
                       pback = dir_.path(name + ".pback");
     std::string out;
-    ASSERT_EQ(cli("encrypt -q " + q(in) + " " + q(enc) + " --key-file " + q(key_file_), &out), 0) << out;
+    ASSERT_EQ(cli("encrypt -q " + q(in) + " " + q(enc) + " --key-file " + q(key_file_), &out), 0)
+        << out;
     expect_manifest(enc, name, DecryptionParams::from_key(read_key(key_file_)));
-    ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(back) + " --key-file " + q(key_file_), &out), 0) << out;
+    ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(back) + " --key-file " + q(key_file_), &out), 0)
+        << out;
     expect_manifest(back, name, std::nullopt);
     ASSERT_EQ(cli("encrypt -q " + q(in) + " " + q(penc) +
                       " --passphrase-env TZ_TEST_PASSPHRASE --opslimit min --memlimit min",
@@ -87,7 +89,10 @@ TEST_F(CryptCliTest, EncryptAndDecryptEveryUnencryptedFixture) {
               0)
         << out;
     expect_manifest(penc, name, DecryptionParams::from_passphrase("a passphrase"));
-    ASSERT_EQ(cli("decrypt -q " + q(penc) + " " + q(pback) + " --passphrase-env TZ_TEST_PASSPHRASE", &out), 0) << out;
+    ASSERT_EQ(cli("decrypt -q " + q(penc) + " " + q(pback) + " --passphrase-env TZ_TEST_PASSPHRASE",
+                  &out),
+              0)
+        << out;
     expect_manifest(pback, name, std::nullopt);
     EXPECT_EQ(cli("verify " + q(penc) + " --passphrase-env TZ_TEST_PASSPHRASE", &out), 0) << out;
   }
@@ -95,23 +100,33 @@ TEST_F(CryptCliTest, EncryptAndDecryptEveryUnencryptedFixture) {
 
 TEST_F(CryptCliTest, DecryptTheReferenceEncryptedFixtures) {
   std::string out;
-  const std::string f = test::fixture_path("encrypted_key.tensors"), plain = dir_.path("ek.tensors");
+  const std::string f = test::fixture_path("encrypted_key.tensors"),
+                    plain = dir_.path("ek.tensors");
   ASSERT_EQ(cli("decrypt -q " + q(f) + " " + q(plain) + " --key-file " +
                     q(test::fixture_path("encrypted_key.key")),
                 &out),
             0)
       << out;
   expect_manifest(plain, "encrypted_key.tensors", std::nullopt);
-  const std::string m = test::fixture_path("meta_encrypted.tensors"), mplain = dir_.path("me.tensors");
-  ASSERT_EQ(cli("decrypt -q " + q(m) + " " + q(mplain) + " --key-file " + q(test::fixture_path("meta_encrypted.key")),
+  const std::string m = test::fixture_path("meta_encrypted.tensors"),
+                    mplain = dir_.path("me.tensors");
+  ASSERT_EQ(cli("decrypt -q " + q(m) + " " + q(mplain) + " --key-file " +
+                    q(test::fixture_path("meta_encrypted.key")),
                 &out),
             0)
       << out;
   expect_manifest(mplain, "meta_encrypted.tensors", std::nullopt);
   setenv("TZ_TEST_FIXTURE_PASSPHRASE",
-         test::manifest()["files"]["encrypted_passphrase.tensors"]["encryption"]["passphrase"].get<std::string>().c_str(), 1);
-  const std::string p = test::fixture_path("encrypted_passphrase.tensors"), pplain = dir_.path("ep.tensors");
-  ASSERT_EQ(cli("decrypt -q " + q(p) + " " + q(pplain) + " --passphrase-env TZ_TEST_FIXTURE_PASSPHRASE", &out), 0)
+         test::manifest()["files"]["encrypted_passphrase.tensors"]["encryption"]["passphrase"]
+             .get<std::string>()
+             .c_str(),
+         1);
+  const std::string p = test::fixture_path("encrypted_passphrase.tensors"),
+                    pplain = dir_.path("ep.tensors");
+  ASSERT_EQ(
+      cli("decrypt -q " + q(p) + " " + q(pplain) + " --passphrase-env TZ_TEST_FIXTURE_PASSPHRASE",
+          &out),
+      0)
       << out;
   expect_manifest(pplain, "encrypted_passphrase.tensors", std::nullopt);
 }
@@ -142,10 +157,16 @@ TEST_F(CryptCliTest, LargeTensorsAreStreamedInPieces) {
   }
   std::string out;
   const std::string enc = dir_.path("big.enc"), back = dir_.path("big.back");
-  ASSERT_EQ(cli("encrypt -q " + q(in) + " " + q(enc) + " --key-file " + q(key_file_) + " --workers 2", &out), 0) << out;
-  ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(back) + " --key-file " + q(key_file_), &out), 0) << out;
-  for (const auto& [path, dec] : {std::pair{enc, std::optional(DecryptionParams::from_key(read_key(key_file_)))},
-                                  std::pair{back, std::optional<DecryptionParams>()}}) {
+  ASSERT_EQ(
+      cli("encrypt -q " + q(in) + " " + q(enc) + " --key-file " + q(key_file_) + " --workers 2",
+          &out),
+      0)
+      << out;
+  ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(back) + " --key-file " + q(key_file_), &out), 0)
+      << out;
+  for (const auto& [path, dec] :
+       {std::pair{enc, std::optional(DecryptionParams::from_key(read_key(key_file_)))},
+        std::pair{back, std::optional<DecryptionParams>()}}) {
     ReaderOptions ro;
     ro.decryption = dec;
     auto r = Reader::open(path, ro);
@@ -174,7 +195,8 @@ TEST_F(CryptCliTest, RemoteSourcesAndSinks) {
     const std::string enc = "s3://" + bucket + "/" + test::unique_name("enc") + ".tensors";
     const std::string dec = redis + "/" + test::unique_name("dec");
     std::string out;
-    ASSERT_EQ(cli("encrypt -q " + q(http + "/fixtures/" + name) + " " + q(enc) + " --key-file " + q(key_file_) + s3,
+    ASSERT_EQ(cli("encrypt -q " + q(http + "/fixtures/" + name) + " " + q(enc) + " --key-file " +
+                      q(key_file_) + s3,
                   &out),
               0)
         << out;
@@ -184,7 +206,9 @@ TEST_F(CryptCliTest, RemoteSourcesAndSinks) {
     t.s3_access_key_id = "testing";
     t.s3_secret_access_key = "testing";
     expect_manifest(enc, name, DecryptionParams::from_key(read_key(key_file_)), t);
-    ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(dec) + " --key-file " + q(key_file_) + s3, &out), 0) << out;
+    ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(dec) + " --key-file " + q(key_file_) + s3, &out),
+              0)
+        << out;
     expect_manifest(dec, name, std::nullopt);
   }
 }
@@ -192,17 +216,22 @@ TEST_F(CryptCliTest, RemoteSourcesAndSinks) {
 TEST_F(CryptCliTest, MisuseFailsAndLeavesNoOutput) {
   std::string out;
   const std::string enc_fixture = test::fixture_path("encrypted_key.tensors");
-  const std::string o1 = dir_.path("o1"), o2 = dir_.path("o2"), o3 = dir_.path("o3"), o4 = dir_.path("o4");
+  const std::string o1 = dir_.path("o1"), o2 = dir_.path("o2"), o3 = dir_.path("o3"),
+                    o4 = dir_.path("o4");
   // Wrong key.
-  EXPECT_EQ(cli("decrypt " + q(enc_fixture) + " " + q(o1) + " --key-file " + q(key_file_), &out), 2) << out;
+  EXPECT_EQ(cli("decrypt " + q(enc_fixture) + " " + q(o1) + " --key-file " + q(key_file_), &out), 2)
+      << out;
   EXPECT_NE(out.find("Tensor decryption failed"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(o1));
   // Already encrypted.
-  EXPECT_EQ(cli("encrypt " + q(enc_fixture) + " " + q(o2) + " --key-file " + q(key_file_), &out), 2) << out;
+  EXPECT_EQ(cli("encrypt " + q(enc_fixture) + " " + q(o2) + " --key-file " + q(key_file_), &out), 2)
+      << out;
   EXPECT_NE(out.find("already encrypted"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(o2));
   // Not encrypted.
-  EXPECT_EQ(cli("decrypt " + q(test::fixture_path("module.tensors")) + " " + q(o3) + " --key-file " + q(key_file_), &out),
+  EXPECT_EQ(cli("decrypt " + q(test::fixture_path("module.tensors")) + " " + q(o3) +
+                    " --key-file " + q(key_file_),
+                &out),
             2)
       << out;
   EXPECT_FALSE(std::filesystem::exists(o3));
@@ -212,9 +241,14 @@ TEST_F(CryptCliTest, MisuseFailsAndLeavesNoOutput) {
   unsetenv("TZ_TEST_UNSET");
   EXPECT_EQ(cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_UNSET", &out), 2) << out;
   setenv("TZ_TEST_SET", "x", 1);
-  EXPECT_EQ(cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_SET --key-file " + q(key_file_), &out), 2)
+  EXPECT_EQ(cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_SET --key-file " +
+                    q(key_file_),
+                &out),
+            2)
       << out;
-  EXPECT_EQ(cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_SET --opslimit lots", &out), 2) << out;
+  EXPECT_EQ(
+      cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_SET --opslimit lots", &out), 2)
+      << out;
   EXPECT_FALSE(std::filesystem::exists(o4));
 }
 

@@ -22,7 +22,8 @@ using crypto::Nonce;
 
 std::string unhex(const std::string& h) {
   std::string out;
-  for (size_t i = 0; i + 1 < h.size(); i += 2) out += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i + 1 < h.size(); i += 2)
+    out += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
   return out;
 }
 
@@ -57,13 +58,20 @@ TEST(CryptInfoTest, WorkedExampleBytes) {
   const std::string body = crypto::encode_crypt_info(&kdf, p);
   ASSERT_EQ(body.size(), 118u);
   const std::string expected = unhex(
-      "0200"                                      // 2 chunks
-      "2a00000000000000" "01000100"               // 42 bytes: type 1, method 1
-      "0100000000000000" "0020000000000000"       // ops 1, mem 8192
-      "02000000" "1000") +                        // Argon2id13, 16-byte salt
-      "0123456789abcdef" +
-      unhex("3a00000000000000" "0200" "0000200000000000") +  // 58 bytes: type 2, 2 MiB
-      std::string(p.nonce.begin(), p.nonce.end()) + unhex("0100000000000000") + std::string(16, '\xee');
+                                   "0200"  // 2 chunks
+                                   "2a00000000000000"
+                                   "01000100"  // 42 bytes: type 1, method 1
+                                   "0100000000000000"
+                                   "0020000000000000"  // ops 1, mem 8192
+                                   "02000000"
+                                   "1000") +  // Argon2id13, 16-byte salt
+                               "0123456789abcdef" +
+                               unhex(
+                                   "3a00000000000000"
+                                   "0200"
+                                   "0000200000000000") +  // 58 bytes: type 2, 2 MiB
+                               std::string(p.nonce.begin(), p.nonce.end()) +
+                               unhex("0100000000000000") + std::string(16, '\xee');
   EXPECT_EQ(test::hex(body), test::hex(expected));
 
   CryptInfo back = crypto::parse_crypt_info(body);
@@ -107,8 +115,11 @@ TEST(CryptInfoTest, EmptyCryptInfoAndSequentialChunk) {
   EXPECT_EQ(crypto::parse_crypt_info(std::string(2, '\0')).chunk_count, 0);
   // Type 3: nonce + MAC, 42 bytes.
   const Nonce n = counting_nonce(1);
-  const std::string body = unhex("0100" "2a00000000000000" "0300") + std::string(n.begin(), n.end()) +
-                           std::string(16, '\x07');
+  const std::string body = unhex(
+                               "0100"
+                               "2a00000000000000"
+                               "0300") +
+                           std::string(n.begin(), n.end()) + std::string(16, '\x07');
   CryptInfo ci = crypto::parse_crypt_info(body);
   ASSERT_EQ(ci.sequential.size(), 1u);
   EXPECT_EQ(ci.sequential[0].nonce, n);
@@ -116,8 +127,12 @@ TEST(CryptInfoTest, EmptyCryptInfoAndSequentialChunk) {
   sevens.fill(7);
   EXPECT_EQ(ci.sequential[0].mac, sevens);
   // Unused bytes at the end of a frame or of the body are ignored, as tensorizer does.
-  const std::string padded = unhex("0100" "2e00000000000000" "0300") + std::string(n.begin(), n.end()) +
-                             std::string(16, '\x07') + "PADS" + "TAIL";
+  const std::string padded = unhex(
+                                 "0100"
+                                 "2e00000000000000"
+                                 "0300") +
+                             std::string(n.begin(), n.end()) + std::string(16, '\x07') + "PADS" +
+                             "TAIL";
   EXPECT_EQ(crypto::parse_crypt_info(padded).sequential[0].nonce, n);
 }
 
@@ -128,7 +143,8 @@ TEST(CryptInfoTest, MalformedInputIsRejected) {
   const std::string good = crypto::encode_crypt_info(nullptr, p);
   // Every truncation fails cleanly.
   for (size_t n = 0; n < good.size(); ++n)
-    EXPECT_EQ(error_of([&] { crypto::parse_crypt_info(good.substr(0, n)); }), ErrorCode::kFormat) << n;
+    EXPECT_EQ(error_of([&] { crypto::parse_crypt_info(good.substr(0, n)); }), ErrorCode::kFormat)
+        << n;
   // Frame longer than the body.
   std::string bad = good;
   bad[2] = static_cast<char>(0xff);
@@ -156,7 +172,8 @@ TEST(KeysTest, Argon2idCheckValue) {
   const std::string salt = "0123456789abcdef";
   std::copy(salt.begin(), salt.end(), kdf.salt.begin());
   const Key k = derive_key("hunter2", kdf);
-  EXPECT_EQ(to_hex(k.data(), k.size()), "5f61a8c05708063a9a3a44fd63189f0169304a4e5cd1dbedbca1cb91c7d30494");
+  EXPECT_EQ(to_hex(k.data(), k.size()),
+            "5f61a8c05708063a9a3a44fd63189f0169304a4e5cd1dbedbca1cb91c7d30494");
   std::array<uint8_t, 16> s;
   std::copy(salt.begin(), salt.end(), s.begin());
   EncryptionParams p = EncryptionParams::from_passphrase("hunter2", 1, 8192, s);
@@ -174,11 +191,15 @@ TEST(KeysTest, PresetsAndArgumentChecks) {
   EXPECT_EQ(MemLimit::kInteractive, uint64_t{crypto_pwhash_MEMLIMIT_INTERACTIVE});
   EXPECT_EQ(MemLimit::kModerate, uint64_t{crypto_pwhash_MEMLIMIT_MODERATE});
   EXPECT_EQ(MemLimit::kSensitive, uint64_t{crypto_pwhash_MEMLIMIT_SENSITIVE});
-  EXPECT_EQ(error_of([] { EncryptionParams::from_passphrase("", 1, 8192); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(error_of([] { EncryptionParams::from_passphrase("x", 0, 8192); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(error_of([] { EncryptionParams::from_passphrase("x", 1, 8191); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(error_of([] { EncryptionParams::from_passphrase("", 1, 8192); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(error_of([] { EncryptionParams::from_passphrase("x", 0, 8192); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(error_of([] { EncryptionParams::from_passphrase("x", 1, 8191); }),
+            ErrorCode::kInvalidArgument);
   // Random salts and keys differ each time.
-  auto a = EncryptionParams::from_passphrase("x", 1, 8192), b = EncryptionParams::from_passphrase("x", 1, 8192);
+  auto a = EncryptionParams::from_passphrase("x", 1, 8192),
+       b = EncryptionParams::from_passphrase("x", 1, 8192);
   EXPECT_NE(a.kdf->salt, b.kdf->salt);
   EXPECT_NE(a.key, b.key);
   EXPECT_NE(EncryptionParams::random().key, EncryptionParams::random().key);
@@ -234,8 +255,8 @@ TEST(ChunkedSecretboxTest, ChunksAreIndependentSecretboxes) {
   crypto::TensorEncryptor enc(params, len, reg);
   ASSERT_EQ(enc.chunk_count(), 3u);
   std::string sealed(len, '\0');
-  enc.encrypt_chunks(0, reinterpret_cast<const uint8_t*>(plain.data()), reinterpret_cast<uint8_t*>(sealed.data()),
-                     len, 2);
+  enc.encrypt_chunks(0, reinterpret_cast<const uint8_t*>(plain.data()),
+                     reinterpret_cast<uint8_t*>(sealed.data()), len, 2);
   const std::string info = enc.crypt_info();
   CryptInfo ci = crypto::parse_crypt_info(info);
   ASSERT_EQ(ci.parallel.size(), 1u);
@@ -247,14 +268,15 @@ TEST(ChunkedSecretboxTest, ChunksAreIndependentSecretboxes) {
     std::string opened(n, '\0');
     const Nonce nonce = crypto::nonce_at(ci.parallel[0].nonce, c);
     ASSERT_EQ(crypto_secretbox_open_easy(reinterpret_cast<uint8_t*>(opened.data()),
-                                         reinterpret_cast<const uint8_t*>(combined.data()), combined.size(),
-                                         nonce.data(), params.key.data()),
+                                         reinterpret_cast<const uint8_t*>(combined.data()),
+                                         combined.size(), nonce.data(), params.key.data()),
               0)
         << c;
     EXPECT_TRUE(opened == plain.substr(off, n)) << c;
   }
   crypto::KeyCache cache;
-  auto dec = crypto::TensorDecryptor::create(info, len, DecryptionParams::from_key(params.key), cache);
+  auto dec =
+      crypto::TensorDecryptor::create(info, len, DecryptionParams::from_key(params.key), cache);
   ASSERT_NE(dec, nullptr);
   EXPECT_EQ(dec->chunk_size(), crypto::kChunkSize);
   dec->decrypt_chunks(0, reinterpret_cast<uint8_t*>(sealed.data()), len, 3);
@@ -270,7 +292,8 @@ TEST(ChunkedSecretboxTest, DecryptorRejectsInconsistentInfo) {
   const std::string two_macs = crypto::encode_crypt_info(nullptr, p);
   // 2 MACs but 5 MiB make 3 chunks; 2 MACs for 1 byte.
   for (uint64_t len : {5ull << 20, 1ull}) {
-    EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(two_macs, len, key, cache); }), ErrorCode::kFormat);
+    EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(two_macs, len, key, cache); }),
+              ErrorCode::kFormat);
   }
   // Only a key-derivation chunk: no method.
   crypto::KeyDerivationChunk kdf;
@@ -279,17 +302,21 @@ TEST(ChunkedSecretboxTest, DecryptorRejectsInconsistentInfo) {
   kdf.salt = std::string(16, 'x');
   std::string only_kdf = crypto::encode_crypt_info(&kdf, p);
   only_kdf[0] = 1;  // count 1: the parallel chunk is no longer read
-  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(only_kdf, 4 << 20, key, cache); }), ErrorCode::kCrypto);
+  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(only_kdf, 4 << 20, key, cache); }),
+            ErrorCode::kCrypto);
   // Two methods.
   std::string body = crypto::encode_crypt_info(nullptr, p);
   std::string twice = unhex("0200") + body.substr(2) + body.substr(2);
-  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(twice, 4 << 20, key, cache); }), ErrorCode::kCrypto);
+  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(twice, 4 << 20, key, cache); }),
+            ErrorCode::kCrypto);
   // A passphrase for an exact-key tensor; an unknown password hashing algorithm.
   const auto pass = DecryptionParams::from_passphrase("pw");
-  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(two_macs, 4 << 20, pass, cache); }), ErrorCode::kCrypto);
+  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(two_macs, 4 << 20, pass, cache); }),
+            ErrorCode::kCrypto);
   kdf.algorithm = 1;
   const std::string argon2i = crypto::encode_crypt_info(&kdf, p);
-  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(argon2i, 4 << 20, pass, cache); }), ErrorCode::kCrypto);
+  EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(argon2i, 4 << 20, pass, cache); }),
+            ErrorCode::kCrypto);
   // Hostile key-derivation costs from a file are refused before any work (not hours of Argon2id).
   kdf.algorithm = 2;
   for (auto [ops, mem] : std::vector<std::pair<uint64_t, uint64_t>>{
@@ -297,7 +324,8 @@ TEST(ChunkedSecretboxTest, DecryptorRejectsInconsistentInfo) {
     kdf.opslimit = ops;
     kdf.memlimit = mem;
     const std::string costly = crypto::encode_crypt_info(&kdf, p);
-    EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(costly, 4 << 20, pass, cache); }), ErrorCode::kCrypto)
+    EXPECT_EQ(error_of([&] { crypto::TensorDecryptor::create(costly, 4 << 20, pass, cache); }),
+              ErrorCode::kCrypto)
         << ops << " " << mem;
   }
   // An empty CryptInfo means "not encrypted".

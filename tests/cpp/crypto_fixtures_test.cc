@@ -17,7 +17,8 @@ using nlohmann::json;
 const json& file_manifest(const std::string& name) { return test::manifest()["files"][name]; }
 
 Key fixture_key(const std::string& file) {
-  const std::string bytes = test::read_file(test::fixture_path(file_manifest(file)["encryption"]["key_file"]));
+  const std::string bytes =
+      test::read_file(test::fixture_path(file_manifest(file)["encryption"]["key_file"]));
   Key k{};
   EXPECT_EQ(bytes.size(), k.size());
   std::copy(bytes.begin(), bytes.end(), k.begin());
@@ -36,8 +37,8 @@ std::unique_ptr<Reader> open_with(const std::string& file, const DecryptionParam
   return Reader::open(test::fixture_path(file), o);
 }
 
-const std::vector<std::string> kEncryptedFixtures = {"encrypted_key.tensors", "encrypted_passphrase.tensors",
-                                                     "meta_encrypted.tensors"};
+const std::vector<std::string> kEncryptedFixtures = {
+    "encrypted_key.tensors", "encrypted_passphrase.tensors", "meta_encrypted.tensors"};
 
 // Expects `f` to throw kCrypto with all of `needles` in the message.
 template <typename F>
@@ -47,7 +48,8 @@ void expect_crypto_error(F&& f, const std::vector<std::string>& needles) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCrypto) << e.what();
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
   }
 }
 
@@ -90,7 +92,8 @@ TEST(CryptoFixturesTest, ReferenceCryptInfoIsWhatTheSpecSays) {
     for (size_t i = 0; i < r->entries().size(); ++i) {
       const IndexEntry& e = r->entries()[i];
       const LoadedTensorInfo& info = r->read_header(i);
-      auto body = info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data()));
+      auto body =
+          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data()));
       const uint64_t m = (e.data_length + 2097151) / 2097152;
       EXPECT_EQ(body.size(), (passphrase ? 102u : 52u) + 16 * m);
       crypto::CryptInfo ci = crypto::parse_crypt_info(body);
@@ -118,14 +121,16 @@ TEST(CryptoFixturesTest, KeyDerivedFromThePassphraseAlsoOpensAsAnExactKey) {
   o.without_key = true;
   auto r = Reader::open(test::fixture_path("encrypted_passphrase.tensors"), o);
   const LoadedTensorInfo& info = r->read_header(0);
-  crypto::CryptInfo ci =
-      crypto::parse_crypt_info(info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
+  crypto::CryptInfo ci = crypto::parse_crypt_info(
+      info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
   KdfParams kdf;
   kdf.opslimit = ci.key_derivation[0].opslimit;
   kdf.memlimit = ci.key_derivation[0].memlimit;
   std::copy(ci.key_derivation[0].salt.begin(), ci.key_derivation[0].salt.end(), kdf.salt.begin());
-  const std::string pass = file_manifest("encrypted_passphrase.tensors")["encryption"]["passphrase"];
-  auto keyed = open_with("encrypted_passphrase.tensors", DecryptionParams::from_key(derive_key(pass, kdf)));
+  const std::string pass =
+      file_manifest("encrypted_passphrase.tensors")["encryption"]["passphrase"];
+  auto keyed =
+      open_with("encrypted_passphrase.tensors", DecryptionParams::from_key(derive_key(pass, kdf)));
   LoadOptions lo;
   lo.verify_hash = true;
   auto buffers = test::load_entries(*keyed, lo);
@@ -135,7 +140,8 @@ TEST(CryptoFixturesTest, KeyDerivedFromThePassphraseAlsoOpensAsAnExactKey) {
 
 TEST(CryptoFixturesTest, NoKeyForAnEncryptedFile) {
   for (const auto& name : kEncryptedFixtures) {
-    expect_crypto_error([&] { Reader::open(test::fixture_path(name)); }, {name, "no decryption key"});
+    expect_crypto_error([&] { Reader::open(test::fixture_path(name)); },
+                        {name, "no decryption key"});
   }
 }
 
@@ -147,7 +153,8 @@ TEST(CryptoFixturesTest, KeyForAnUnencryptedFile) {
 }
 
 TEST(CryptoFixturesTest, WrongKeyFailsEveryEncryptedTensor) {
-  for (const auto& name : {"encrypted_key.tensors", "meta_encrypted.tensors", "encrypted_passphrase.tensors"}) {
+  for (const auto& name :
+       {"encrypted_key.tensors", "meta_encrypted.tensors", "encrypted_passphrase.tensors"}) {
     SCOPED_TRACE(name);
     Key wrong{};
     wrong[0] = 1;
@@ -156,21 +163,26 @@ TEST(CryptoFixturesTest, WrongKeyFailsEveryEncryptedTensor) {
       const IndexEntry& e = r->entries()[i];
       if (e.data_length == 0) continue;
       std::string buf(e.expected_bytes(), '\0');
-      expect_crypto_error([&] { r->load({{i, buf.data()}}); },
-                          {"Tensor decryption failed", name, "tensor '" + display_path(e.path) + "'"});
+      expect_crypto_error(
+          [&] {
+            r->load({{i, buf.data()}});
+          },
+          {"Tensor decryption failed", name, "tensor '" + display_path(e.path) + "'"});
     }
   }
 }
 
 TEST(CryptoFixturesTest, WrongPassphrase) {
-  auto r = open_with("encrypted_passphrase.tensors", DecryptionParams::from_passphrase("not-the-passphrase"));
+  auto r = open_with("encrypted_passphrase.tensors",
+                     DecryptionParams::from_passphrase("not-the-passphrase"));
   expect_crypto_error([&] { test::load_entries(*r, {}); },
                       {"Tensor decryption failed", "encrypted_passphrase.tensors", "tensor '"});
 }
 
 TEST(CryptoFixturesTest, PassphraseForAKeyOnlyFile) {
   auto r = open_with("encrypted_key.tensors", DecryptionParams::from_passphrase("anything"));
-  expect_crypto_error([&] { test::load_entries(*r, {}); }, {"encrypted_key.tensors", "tensor '", "exact key"});
+  expect_crypto_error([&] { test::load_entries(*r, {}); },
+                      {"encrypted_key.tensors", "tensor '", "exact key"});
 }
 
 TEST(CryptoFixturesTest, MetaTensorInAnEncryptedFileNeedsNoDecryption) {

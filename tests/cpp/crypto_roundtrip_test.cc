@@ -70,7 +70,8 @@ std::vector<WriteRequest> requests(const std::vector<Tensor>& ts) {
   return out;
 }
 
-void expect_loads(const std::string& path, const DecryptionParams& params, const std::vector<Tensor>& ts) {
+void expect_loads(const std::string& path, const DecryptionParams& params,
+                  const std::vector<Tensor>& ts) {
   ReaderOptions ro;
   ro.decryption = params;
   auto r = Reader::open(path, ro);
@@ -83,8 +84,10 @@ void expect_loads(const std::string& path, const DecryptionParams& params, const
       lo.verify_hash = verify;
       auto buffers = test::load_entries(*r, lo);
       for (size_t i = 0; i < ts.size(); ++i) {
-        if (ts[i].meta) EXPECT_EQ(buffers[i], std::string(r->entries()[i].expected_bytes(), '\0'));
-        else EXPECT_TRUE(buffers[i] == ts[i].data) << ts[i].name;
+        if (ts[i].meta)
+          EXPECT_EQ(buffers[i], std::string(r->entries()[i].expected_bytes(), '\0'));
+        else
+          EXPECT_TRUE(buffers[i] == ts[i].data) << ts[i].name;
       }
     }
   }
@@ -92,7 +95,8 @@ void expect_loads(const std::string& path, const DecryptionParams& params, const
 }
 
 std::string crypt_body(const LoadedTensorInfo& info) {
-  return std::string(info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
+  return std::string(
+      info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
 }
 
 TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
@@ -108,7 +112,8 @@ TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
     w->write(requests(ts));
     w->close();
   }
-  for (size_t i = 0; i < ts.size(); ++i) EXPECT_TRUE(ts[i].data == before[i]) << "source modified: " << ts[i].name;
+  for (size_t i = 0; i < ts.size(); ++i)
+    EXPECT_TRUE(ts[i].data == before[i]) << "source modified: " << ts[i].name;
 
   const std::string bytes = test::read_file(path);
   EXPECT_EQ(codec::load_le<uint32_t>(bytes.data() + 5), 4u);  // a meta tensor: version 4 + flag
@@ -126,7 +131,8 @@ TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
     const std::string body = crypt_body(info);
     if (e.data_length == 0) {
       // Empty CryptInfo: u64 2, then 00 00 (spec §3.5); CRC32 + SHA-256.
-      EXPECT_EQ(test::hex(info.header_bytes.substr(info.header.crypt_field_offset, 10)), "02000000000000000000");
+      EXPECT_EQ(test::hex(info.header_bytes.substr(info.header.crypt_field_offset, 10)),
+                "02000000000000000000");
       ASSERT_EQ(info.header.hashes.size(), 2u);
       EXPECT_EQ(info.header.hashes[0].type, HashType::kCrc32);
       continue;
@@ -155,7 +161,9 @@ TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
     sha.update(ts[i].data.data(), ts[i].data.size());
     const auto digest = sha.finish();
     EXPECT_EQ(to_hex(digest.data(), 32),
-              to_hex(reinterpret_cast<const uint8_t*>(info.header_bytes.data()) + info.header.hashes[0].value_offset, 32));
+              to_hex(reinterpret_cast<const uint8_t*>(info.header_bytes.data()) +
+                         info.header.hashes[0].value_offset,
+                     32));
   }
   expect_loads(path, DecryptionParams::from_key(wo.encryption->key), ts);
 }
@@ -165,7 +173,8 @@ TEST(CryptoWriteTest, PassphraseLayoutAndRoundTrip) {
   auto ts = sample_tensors();
   ts.erase(ts.begin() + 6);  // no meta tensor: version 3, flags zero
   WriterOptions wo;
-  wo.encryption = EncryptionParams::from_passphrase("correct horse", OpsLimit::kMin, MemLimit::kMin);
+  wo.encryption =
+      EncryptionParams::from_passphrase("correct horse", OpsLimit::kMin, MemLimit::kMin);
   const std::string path = dir.path("pass.tensors");
   {
     auto w = Writer::open(path, wo);
@@ -350,8 +359,8 @@ Sealer parallel_sealer(uint64_t chunk_size, crypto::Nonce n0, bool one_mac = fal
     for (uint64_t off = 0; off < data.size(); off += step) {
       crypto::Mac mac;
       auto* d = reinterpret_cast<uint8_t*>(data.data()) + off;
-      crypto_secretbox_detached(d, mac.data(), d, std::min<uint64_t>(step, data.size() - off), n.data(),
-                                test_key().data());
+      crypto_secretbox_detached(d, mac.data(), d, std::min<uint64_t>(step, data.size() - off),
+                                n.data(), test_key().data());
       p.macs.push_back(mac);
       sodium_increment(n.data(), n.size());
     }
@@ -384,7 +393,8 @@ TEST(CryptoReadTest, EverySealingTheFormatAllowsLoads) {
   near_wrap[0] = 0xfd;  // n0 + 3 wraps around 2^192
   const std::vector<Crafted> ts = {
       {"sequential_big", pattern(5 * kMiB + 7, 11), sequential_sealer()},
-      {"one_mac_big", pattern(6 * kMiB + 1, 12), parallel_sealer(crypto::kChunkSize, random_n0, true)},
+      {"one_mac_big", pattern(6 * kMiB + 1, 12),
+       parallel_sealer(crypto::kChunkSize, random_n0, true)},
       {"chunks_3mib", pattern(10 * kMiB + 17, 13), parallel_sealer(3 * kMiB, random_n0)},
       {"chunks_1kib", pattern(100 * 1024 + 5, 14), parallel_sealer(1024, random_n0)},
       {"chunks_1mib_wrapping", pattern(7 * kMiB - 3, 15), parallel_sealer(kMiB, near_wrap)},
@@ -417,10 +427,13 @@ TEST(CryptoReadTest, EverySealingTheFormatAllowsLoads) {
       std::string got;
       LoadOptions lo;
       lo.verify_hash = true;
-      r->read_streamed(i, [&](uint64_t off, const uint8_t* d, size_t n) {
-        EXPECT_EQ(off, got.size());
-        got.append(reinterpret_cast<const char*>(d), n);
-      }, lo, piece);
+      r->read_streamed(
+          i,
+          [&](uint64_t off, const uint8_t* d, size_t n) {
+            EXPECT_EQ(off, got.size());
+            got.append(reinterpret_cast<const char*>(d), n);
+          },
+          lo, piece);
       EXPECT_TRUE(got == ts[i].plain) << ts[i].name << " piece " << piece;
     }
   }
@@ -428,7 +441,8 @@ TEST(CryptoReadTest, EverySealingTheFormatAllowsLoads) {
 
 TEST(CryptoReadTest, UnencryptedDataTensorInAnEncryptedFileFails) {
   // A data tensor with an empty CryptInfo in an encrypted file: refused, not returned as is.
-  const std::vector<Crafted> ts = {{"plain_inside", pattern(100, 1), [](std::string&) { return std::string(2, '\0'); }}};
+  const std::vector<Crafted> ts = {
+      {"plain_inside", pattern(100, 1), [](std::string&) { return std::string(2, '\0'); }}};
   test::TempDir dir;
   test::write_file(dir.path("x.tensors"), craft_file(ts));
   ReaderOptions ro;

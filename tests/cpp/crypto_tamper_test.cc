@@ -66,8 +66,11 @@ std::optional<Error> load_flipped(TamperFile& f, size_t entry, uint64_t offset, 
     err = e;
   }
   (*f.bytes)[offset] ^= static_cast<char>(mask);
-  if (!err && loaded) *loaded = std::move(buf);
-  else if (!err) ADD_FAILURE() << "flip of 0x" << std::hex << int(mask) << " at " << std::dec << offset << " not detected";
+  if (!err && loaded)
+    *loaded = std::move(buf);
+  else if (!err)
+    ADD_FAILURE() << "flip of 0x" << std::hex << int(mask) << " at " << std::dec << offset
+                  << " not detected";
   return err;
 }
 
@@ -96,9 +99,11 @@ Layout layout(TamperFile& f, size_t entry) {
   l.data_length = e.data_length;
   l.crypt_field = e.header_offset + info.header.crypt_field_offset;
   l.body = l.crypt_field + 8;
-  l.info = crypto::parse_crypt_info(info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
+  l.info = crypto::parse_crypt_info(
+      info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
   // The type-2 chunk is the last one: body size minus its frame (42 + 16 M).
-  l.parallel_body = l.body + info.header.crypt_info_size - (42 + 16 * l.info.parallel[0].macs.size());
+  l.parallel_body =
+      l.body + info.header.crypt_info_size - (42 + 16 * l.info.parallel[0].macs.size());
   return l;
 }
 
@@ -116,7 +121,8 @@ TEST(CryptoTamperTest, EveryCiphertextAndMacFlipIsDetected) {
     std::vector<uint64_t> offsets = {begin, end - 1};
     for (int k = 0; k < 40; ++k) offsets.push_back(begin + g() % (end - begin));
     for (uint64_t off : offsets) {
-      expect_decryption_failed(load_flipped(f, 0, big.data_offset + off, static_cast<uint8_t>(1 + g() % 255)), "big");
+      expect_decryption_failed(
+          load_flipped(f, 0, big.data_offset + off, static_cast<uint8_t>(1 + g() % 255)), "big");
       ++detected;
     }
   }
@@ -124,11 +130,13 @@ TEST(CryptoTamperTest, EveryCiphertextAndMacFlipIsDetected) {
   const Layout small = layout(f, 1);
   for (uint64_t off = 0; off < small.data_length; ++off)
     for (int bit = 0; bit < 8; ++bit) {
-      expect_decryption_failed(load_flipped(f, 1, small.data_offset + off, static_cast<uint8_t>(1u << bit)), "small");
+      expect_decryption_failed(
+          load_flipped(f, 1, small.data_offset + off, static_cast<uint8_t>(1u << bit)), "small");
       ++detected;
     }
   // Every byte of every MAC, and of the nonce, of both tensors (two masks each).
-  for (const auto& [entry, l, name] : {std::tuple{size_t{0}, big, "big"}, std::tuple{size_t{1}, small, "small"}}) {
+  for (const auto& [entry, l, name] :
+       {std::tuple{size_t{0}, big, "big"}, std::tuple{size_t{1}, small, "small"}}) {
     const uint64_t nonce_at = l.parallel_body + 2 + 8;
     const uint64_t macs_at = nonce_at + 24 + 8;
     for (uint64_t b = 0; b < 16 * l.info.parallel[0].macs.size(); ++b)
@@ -142,7 +150,8 @@ TEST(CryptoTamperTest, EveryCiphertextAndMacFlipIsDetected) {
     }
   }
   RecordProperty("flips_detected", static_cast<int>(detected));
-  std::printf("[ tamper   ] %zu single-byte flips in ciphertext, MACs and nonces detected\n", detected);
+  std::printf("[ tamper   ] %zu single-byte flips in ciphertext, MACs and nonces detected\n",
+              detected);
   // Untouched, it still loads.
   auto buffers = test::load_entries(*f.reader, {});
   EXPECT_EQ(buffers.size(), 2u);
@@ -159,8 +168,10 @@ TEST(CryptoTamperTest, FlipsInTheCryptInfoFramingNeverYieldWrongData) {
   const std::string plain = test::load_entries(*f.reader, {}, {0})[0];
   const Layout l = layout(f, 0);
   std::vector<uint64_t> offsets;
-  for (uint64_t b = 0; b < 8 + 2 + 8 + 2 + 8; ++b) offsets.push_back(l.crypt_field + b);  // C .. chunk size
-  for (uint64_t b = 0; b < 8; ++b) offsets.push_back(l.parallel_body + 2 + 8 + 24 + b);  // MAC count
+  for (uint64_t b = 0; b < 8 + 2 + 8 + 2 + 8; ++b)
+    offsets.push_back(l.crypt_field + b);  // C .. chunk size
+  for (uint64_t b = 0; b < 8; ++b)
+    offsets.push_back(l.parallel_body + 2 + 8 + 24 + b);  // MAC count
   size_t failed = 0, harmless = 0;
   for (uint64_t off : offsets)
     for (int bit = 0; bit < 8; ++bit) {
@@ -171,23 +182,27 @@ TEST(CryptoTamperTest, FlipsInTheCryptInfoFramingNeverYieldWrongData) {
         continue;
       }
       ++harmless;
-      EXPECT_TRUE(loaded == plain) << "flip at " << off << " bit " << bit << " returned different bytes";
+      EXPECT_TRUE(loaded == plain)
+          << "flip at " << off << " bit " << bit << " returned different bytes";
       EXPECT_LT(off, l.crypt_field + 8) << "only the u64 length may change harmlessly";
     }
   EXPECT_EQ(failed + harmless, offsets.size() * 8);
   EXPECT_GT(failed, offsets.size() * 6);
-  std::printf("[ tamper   ] %zu single-bit flips in CryptInfo framing rejected, %zu harmless\n", failed,
-              harmless);
+  std::printf("[ tamper   ] %zu single-bit flips in CryptInfo framing rejected, %zu harmless\n",
+              failed, harmless);
 }
 
 TEST(CryptoTamperTest, PassphraseFileSaltAndCiphertextFlipsAreDetected) {
-  const EncryptionParams enc = EncryptionParams::from_passphrase("pw", OpsLimit::kMin, MemLimit::kMin);
+  const EncryptionParams enc =
+      EncryptionParams::from_passphrase("pw", OpsLimit::kMin, MemLimit::kMin);
   TamperFile f = make_file(enc, DecryptionParams::from_passphrase("pw"));
   const Layout l = layout(f, 1);
   ASSERT_EQ(l.info.key_derivation.size(), 1u);
   const uint64_t salt_at = l.body + 2 + 8 + 2 + 2 + 8 + 8 + 4 + 2;
-  for (uint64_t b = 0; b < 16; ++b) expect_decryption_failed(load_flipped(f, 1, salt_at + b, 0x04), "small");
-  for (uint64_t b = 0; b < l.data_length; b += 7) expect_decryption_failed(load_flipped(f, 1, l.data_offset + b, 0x01), "small");
+  for (uint64_t b = 0; b < 16; ++b)
+    expect_decryption_failed(load_flipped(f, 1, salt_at + b, 0x04), "small");
+  for (uint64_t b = 0; b < l.data_length; b += 7)
+    expect_decryption_failed(load_flipped(f, 1, l.data_offset + b, 0x01), "small");
 }
 
 TEST(CryptoTamperTest, StreamedReadsDetectFlipsToo) {
@@ -201,7 +216,8 @@ TEST(CryptoTamperTest, StreamedReadsDetectFlipsToo) {
       ADD_FAILURE() << "not detected at " << off;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kCrypto);
-      EXPECT_NE(std::string(e.what()).find("Tensor decryption failed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Tensor decryption failed"), std::string::npos)
+          << e.what();
     }
     (*f.bytes)[l.data_offset + off] ^= 0x20;
   }

@@ -1,7 +1,8 @@
 // A stand-in for the CUDA runtime, built as a shared library for the tests only: the dozen entry
 // points the CUDA copy backend loads with dlopen, over host memory (two "devices"; copies are done
-// at once, and refused unless the calling thread made device 0 current, where the tests load), with a switch that makes a chosen copy fail and counters the tests read. It lets the
-// backend's loading, binding, device scoping and error paths run where there is no GPU.
+// at once, and refused unless the calling thread made device 0 current, where the tests load), with
+// a switch that makes a chosen copy fail and counters the tests read. It lets the backend's
+// loading, binding, device scoping and error paths run where there is no GPU.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>

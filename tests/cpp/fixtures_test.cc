@@ -56,7 +56,8 @@ TEST(FixturesTest, ManifestIsComplete) {
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     const std::string bytes = test::read_file(test::fixture_path(n));
-    EXPECT_EQ(test::sha256_hex(bytes.data(), bytes.size()), file_manifest(n)["file_sha256"].get<std::string>());
+    EXPECT_EQ(test::sha256_hex(bytes.data(), bytes.size()),
+              file_manifest(n)["file_sha256"].get<std::string>());
   }
 }
 
@@ -86,7 +87,9 @@ TEST(FixturesTest, ReaderListsEveryFileAsTheManifestSays) {
       // nbytes is what is stored: 0 for meta tensors, which still load their full size.
       EXPECT_EQ(e.data_length, t["nbytes"].get<uint64_t>());
       EXPECT_EQ(e.expected_bytes(), product(t["shape"]) * e.itemsize());
-      if (!t["meta"].get<bool>()) { EXPECT_EQ(e.expected_bytes(), t["nbytes"].get<uint64_t>()); }
+      if (!t["meta"].get<bool>()) {
+        EXPECT_EQ(e.expected_bytes(), t["nbytes"].get<uint64_t>());
+      }
       const LoadedTensorInfo& info = r->read_header(i);
       EXPECT_EQ(info.module_idx, t["module_idx"].get<uint16_t>());
       EXPECT_EQ(info.header.has_crypt_field, r->encrypted());
@@ -208,7 +211,8 @@ TEST(FixturesCliTest, VerifyPassesOnUnencryptedFixtures) {
   if (test::cli_path().empty()) GTEST_SKIP() << "CLI not built";
   for (const auto& name : test::unencrypted_fixtures()) {
     std::string out;
-    EXPECT_EQ(run_cli("verify " + shell_quote(test::fixture_path(name)), &out), 0) << name << ": " << out;
+    EXPECT_EQ(run_cli("verify " + shell_quote(test::fixture_path(name)), &out), 0)
+        << name << ": " << out;
     EXPECT_NE(out.find("OK"), std::string::npos) << out;
   }
 }
@@ -231,7 +235,8 @@ TEST(FixturesCliTest, VerifyNamesTheTensorWithAFlippedDataByte) {
     EXPECT_NE(out.find("MISMATCH tensor '" + std::string(victim) + "'"), std::string::npos) << out;
     // Only that tensor is named.
     size_t count = 0;
-    for (size_t p = out.find("MISMATCH"); p != std::string::npos; p = out.find("MISMATCH", p + 1)) ++count;
+    for (size_t p = out.find("MISMATCH"); p != std::string::npos; p = out.find("MISMATCH", p + 1))
+      ++count;
     EXPECT_EQ(count, 1u) << out;
   }
 }

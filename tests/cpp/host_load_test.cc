@@ -27,7 +27,8 @@ struct Sample {
 std::vector<Sample> samples() {
   std::mt19937_64 rng(7);
   std::vector<Sample> out;
-  for (size_t n : {size_t{20} << 20, size_t{3 << 20} + 12, size_t{4096}, size_t{36}, size_t{4}, size_t{0}}) {
+  for (size_t n :
+       {size_t{20} << 20, size_t{3 << 20} + 12, size_t{4096}, size_t{36}, size_t{4}, size_t{0}}) {
     std::string b(n, '\0');
     for (auto& c : b) c = static_cast<char>(rng());
     out.push_back({"t" + std::to_string(out.size()), std::move(b)});
@@ -99,7 +100,8 @@ class HostLoadTest : public ::testing::TestWithParam<bool> {  // param: written 
 };
 
 TEST_P(HostLoadTest, EveryForcedRouteGivesTheStoredBytes) {
-  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
+  for (HostRoute route :
+       {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
     SCOPED_TRACE(static_cast<int>(route));
     auto r = Reader::open(path_);
     LoadOptions o;
@@ -124,8 +126,8 @@ TEST_P(HostLoadTest, AutoMapsCachedPagesAndReadsColdOnesDirect) {
   auto got = load_to_host(*r, all_entries(*r));
   expect_samples(got, ts_);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i].via, LoadedVia::kDirect) << i;
-  EXPECT_LT(engine::Residency(r->source().local_fd()).fraction(r->entries()[0].data_offset,
-                                                              r->entries()[0].data_length),
+  EXPECT_LT(engine::Residency(r->source().local_fd())
+                .fraction(r->entries()[0].data_offset, r->entries()[0].data_length),
             0.5)
       << "direct reads leave the page cache alone";
 }
@@ -157,7 +159,8 @@ TEST_P(HostLoadTest, VerifyHashCatchesAFlippedByteOnEveryRoute) {
     bytes[r->entries()[1].data_offset + 1000] ^= 0x01;
   }
   test::write_file(path_, bytes);
-  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
+  for (HostRoute route :
+       {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
     SCOPED_TRACE(static_cast<int>(route));
     if (route == HostRoute::kAuto) drop_page_cache(path_);
     auto r = Reader::open(path_);
@@ -193,7 +196,8 @@ TEST_P(HostLoadTest, AFileTruncatedAfterOpenFailsOnEveryRoute) {
 INSTANTIATE_TEST_SUITE_P(Layouts, HostLoadTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "aligned" : "unaligned"; });
 
-// The reference's own files (unaligned data): every route, cached or not, gives the manifest's bytes.
+// The reference's own files (unaligned data): every route, cached or not, gives the manifest's
+// bytes.
 TEST(HostLoadFixtures, ReferenceFilesLoadExactlyOnEveryRoute) {
   test::TempDir dir;
   for (const auto& name : test::unencrypted_fixtures()) {
@@ -201,7 +205,8 @@ TEST(HostLoadFixtures, ReferenceFilesLoadExactlyOnEveryRoute) {
     const std::string path = dir.path(name);
     test::write_file(path, test::read_file(test::fixture_path(name)));
     const auto& tensors = test::manifest()["files"][name]["tensors"];
-    for (HostRoute route : {HostRoute::kAuto, HostRoute::kDirect, HostRoute::kMap, HostRoute::kCopy}) {
+    for (HostRoute route :
+         {HostRoute::kAuto, HostRoute::kDirect, HostRoute::kMap, HostRoute::kCopy}) {
       drop_page_cache(path);
       auto r = Reader::open(path);
       LoadOptions o;
@@ -213,7 +218,9 @@ TEST(HostLoadFixtures, ReferenceFilesLoadExactlyOnEveryRoute) {
           EXPECT_EQ(got[i].via, LoadedVia::kCopied);
           continue;
         }
-        EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size), tensors[i]["sha256"].get<std::string>()) << i;
+        EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size),
+                  tensors[i]["sha256"].get<std::string>())
+            << i;
       }
     }
   }
@@ -232,7 +239,8 @@ TEST(HostLoadFixtures, EncryptedFilesAreCopied) {
   ASSERT_EQ(got.size(), tensors.size());
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].via, LoadedVia::kCopied);
-    EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size), tensors[i]["sha256"].get<std::string>()) << i;
+    EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size), tensors[i]["sha256"].get<std::string>())
+        << i;
   }
 }
 

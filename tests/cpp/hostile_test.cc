@@ -45,7 +45,7 @@ class HostileTest : public ::testing::TestWithParam<std::string> {
       encrypted_ = m.contains("encryption") && !m["encryption"].is_null();
       for (const auto& t : m["tensors"])
         expected_[encode_path(test::path_from_json(t["name"]))] = {t["sha256"].get<std::string>(),
-                                                                  t["meta"].get<bool>()};
+                                                                   t["meta"].get<bool>()};
       bytes_ = std::make_shared<std::string>(test::read_file(test::fixture_path(GetParam())));
     }
     // The regions every reader parses: prelude, the used part of the index, each tensor header.
@@ -64,7 +64,8 @@ class HostileTest : public ::testing::TestWithParam<std::string> {
     std::mt19937 rng(7);
     std::vector<std::string> data;
     std::vector<WriteRequest> reqs;
-    auto add = [&](TensorPath path, const char* torch, std::vector<uint64_t> shape, bool meta = false) {
+    auto add = [&](TensorPath path, const char* torch, std::vector<uint64_t> shape,
+                   bool meta = false) {
       WriteRequest r;
       r.path = std::move(path);
       r.dtype = dtype_string_for_torch(torch);
@@ -112,7 +113,8 @@ class HostileTest : public ::testing::TestWithParam<std::string> {
       for (const auto& e : entries) {
         auto it = expected_.find(e.name);
         if (it == expected_.end()) {
-          // Only possible if the name bytes changed and still parse; the header check must catch it.
+          // Only possible if the name bytes changed and still parse; the header check must catch
+          // it.
           r->read_header(&e - entries.data());
           ADD_FAILURE() << what << ": unknown tensor '" << e.name << "' accepted";
           return true;
@@ -146,7 +148,8 @@ class HostileTest : public ::testing::TestWithParam<std::string> {
         const Expected& x = expected_.at(entries[i].name);
         const std::string& b = buffers[i];
         if (x.meta) {
-          EXPECT_EQ(b.find_first_not_of('\0'), std::string::npos) << what << ": meta tensor not zero";
+          EXPECT_EQ(b.find_first_not_of('\0'), std::string::npos)
+              << what << ": meta tensor not zero";
         } else {
           EXPECT_EQ(test::sha256_hex(b.data(), b.size()), x.sha256)
               << what << ": silent garbage in '" << entries[i].name << "'";
@@ -175,7 +178,8 @@ TEST_P(HostileTest, IntactFileLoads) { EXPECT_TRUE(run_case(bytes_->size(), "int
 TEST_P(HostileTest, TruncatedAtEveryHeaderByte) {
   int accepted = 0;
   for (const auto& [begin, end] : regions_)
-    for (uint64_t cut = begin; cut < end; ++cut) accepted += run_case(cut, "cut at " + std::to_string(cut));
+    for (uint64_t cut = begin; cut < end; ++cut)
+      accepted += run_case(cut, "cut at " + std::to_string(cut));
   // Every tensor's data lies after its header, so no cut inside a header can be complete.
   EXPECT_EQ(accepted, 0);
 }
@@ -200,7 +204,8 @@ TEST_P(HostileTest, TruncatedInsideTensorData) {
   for (uint64_t cut : cuts) accepted += run_case(cut, "cut at " + std::to_string(cut));
   EXPECT_EQ(accepted, 0);
   // Cutting only the end-of-tensors marker leaves every tensor intact: fine either way.
-  for (uint64_t cut = bytes_->size() - 8; cut < bytes_->size(); ++cut) run_case(cut, "cut in end marker");
+  for (uint64_t cut = bytes_->size() - 8; cut < bytes_->size(); ++cut)
+    run_case(cut, "cut in end marker");
 }
 
 TEST_P(HostileTest, FlippedHeaderBytes) {
@@ -211,8 +216,9 @@ TEST_P(HostileTest, FlippedHeaderBytes) {
     for (uint64_t pos = begin; pos < end; ++pos) {
       for (uint8_t flip : kFlips) {
         (*bytes_)[pos] ^= static_cast<char>(flip);
-        accepted += run_case(bytes_->size(), "byte " + std::to_string(pos) + " ^ " + std::to_string(flip),
-                             region == 0 ? nullptr : shared.get());
+        accepted +=
+            run_case(bytes_->size(), "byte " + std::to_string(pos) + " ^ " + std::to_string(flip),
+                     region == 0 ? nullptr : shared.get());
         (*bytes_)[pos] ^= static_cast<char>(flip);
         ++cases;
       }
@@ -223,7 +229,9 @@ TEST_P(HostileTest, FlippedHeaderBytes) {
   RecordProperty("cases", cases);
   RecordProperty("accepted", accepted);
   // (Encrypted files are only opened here: with no data to verify, more flips go unnoticed.)
-  if (!encrypted_) { EXPECT_LT(accepted, cases / 4) << accepted << " of " << cases << " accepted"; }
+  if (!encrypted_) {
+    EXPECT_LT(accepted, cases / 4) << accepted << " of " << cases << " accepted";
+  }
   EXPECT_EQ(skipped_loads_, 0);
 }
 

@@ -21,7 +21,9 @@ std::string thp_mode() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   auto open = all.find('['), close = all.find(']');
-  return open == std::string::npos || close == std::string::npos ? "" : all.substr(open + 1, close - open - 1);
+  return open == std::string::npos || close == std::string::npos
+             ? ""
+             : all.substr(open + 1, close - open - 1);
 }
 
 // AnonHugePages (bytes) of the mappings that lie inside [begin, end).
@@ -37,7 +39,8 @@ uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
       inside = lo >= begin && hi <= end;
       continue;
     }
-    if (inside && line.rfind("AnonHugePages:", 0) == 0) total += std::stoull(line.substr(14)) * 1024;
+    if (inside && line.rfind("AnonHugePages:", 0) == 0)
+      total += std::stoull(line.substr(14)) * 1024;
   }
   return total;
 }
@@ -46,7 +49,8 @@ class HugePagesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     mode_ = thp_mode();
-    if (mode_ != "always" && mode_ != "madvise") GTEST_SKIP() << "transparent huge pages are off here";
+    if (mode_ != "always" && mode_ != "madvise")
+      GTEST_SKIP() << "transparent huge pages are off here";
     data_.resize(12 * kMiB);
     for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<char>(i * 131 + (i >> 20));
     WriteRequest req;
@@ -90,7 +94,8 @@ TEST_F(HugePagesTest, FreshDestinationGetsHugePages) {
 }
 
 TEST_F(HugePagesTest, NoAdviceLeavesSmallPages) {
-  if (mode_ == "always") GTEST_SKIP() << "every anonymous mapping may get huge pages in 'always' mode";
+  if (mode_ == "always")
+    GTEST_SKIP() << "every anonymous mapping may get huge pages in 'always' mode";
   EXPECT_EQ(load_fresh(false), 0u);
 }
 

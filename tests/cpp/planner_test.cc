@@ -1,11 +1,11 @@
 // Load planner properties: every requested byte (headers and data) is covered exactly once, in
 // order; each item is one contiguous range; only splittable tensors are split, on granularity
 // boundaries; items respect max_segments and stay near the target size.
+#include "engine/planner.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include "engine/planner.h"
 
 namespace tensorizer::engine {
 namespace {
@@ -80,8 +80,8 @@ size_t check_plan(const std::vector<PlannedTensor>& tensors, const PlanOptions& 
 }
 
 // Tensors back to back from `start`, skipping `gap` bytes (unrequested tensors) after some.
-std::vector<PlannedTensor> layout(const std::vector<std::pair<uint64_t, bool>>& data, uint64_t header = 100,
-                                  uint64_t gap_every = 0, uint64_t gap = 0) {
+std::vector<PlannedTensor> layout(const std::vector<std::pair<uint64_t, bool>>& data,
+                                  uint64_t header = 100, uint64_t gap_every = 0, uint64_t gap = 0) {
   std::vector<PlannedTensor> out;
   uint64_t at = 262217;
   for (size_t i = 0; i < data.size(); ++i) {
@@ -143,8 +143,8 @@ TEST(PlannerTest, RandomizedProperties) {
   for (int round = 0; round < 400; ++round) {
     SCOPED_TRACE(round);
     PlanOptions o;
-    o.split_granularity = uint64_t{1} << (rng() % 12);            // 1 .. 2048
-    o.target_item_bytes = 1 + rng() % 20000;                       // may be below the granularity
+    o.split_granularity = uint64_t{1} << (rng() % 12);  // 1 .. 2048
+    o.target_item_bytes = 1 + rng() % 20000;            // may be below the granularity
     o.max_segments = 1 + rng() % 10;
     std::vector<PlannedTensor> t;
     uint64_t at = 73 + rng() % 1000;
@@ -153,10 +153,18 @@ TEST(PlannerTest, RandomizedProperties) {
       const uint64_t header = 16 + rng() % 200;
       uint64_t data = 0;
       switch (rng() % 4) {
-        case 0: data = 0; break;
-        case 1: data = rng() % 100; break;
-        case 2: data = rng() % 5000; break;
-        default: data = rng() % 100000; break;
+        case 0:
+          data = 0;
+          break;
+        case 1:
+          data = rng() % 100;
+          break;
+        case 2:
+          data = rng() % 5000;
+          break;
+        default:
+          data = rng() % 100000;
+          break;
       }
       t.push_back({at, header, data, rng() % 3 != 0});
       at += header + data + (rng() % 3 == 0 ? rng() % 10000 : 0);

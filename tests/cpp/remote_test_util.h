@@ -37,15 +37,18 @@ inline std::string env_or_empty(const char* name) {
 
 // Declares `var` = the value of environment variable `name`; fails (under make test) or skips
 // the test when it is missing.
-#define TZ_SERVER_ENV(var, name)                                                                     \
-  const std::string var = ::tensorizer::test::env_or_empty(name);                                   \
-  if (var.empty()) {                                                                                 \
-    if (::tensorizer::test::env_or_empty("TZ_REQUIRE_SERVERS") == "1")                               \
-      FAIL() << name << " is not set although TZ_REQUIRE_SERVERS=1: the test servers did not start"; \
-    GTEST_SKIP() << name << " is not set: run under scripts/with-servers.sh (make test does)";      \
+#define TZ_SERVER_ENV(var, name)                                                               \
+  const std::string var = ::tensorizer::test::env_or_empty(name);                              \
+  if (var.empty()) {                                                                           \
+    if (::tensorizer::test::env_or_empty("TZ_REQUIRE_SERVERS") == "1")                         \
+      FAIL() << name                                                                           \
+             << " is not set although TZ_REQUIRE_SERVERS=1: the test servers did not start";   \
+    GTEST_SKIP() << name << " is not set: run under scripts/with-servers.sh (make test does)"; \
   }
 
-inline const nlohmann::json& fixture_manifest(const std::string& name) { return manifest()["files"][name]; }
+inline const nlohmann::json& fixture_manifest(const std::string& name) {
+  return manifest()["files"][name];
+}
 
 inline bool fixture_encrypted(const std::string& name) {
   const auto& m = fixture_manifest(name);
@@ -71,8 +74,8 @@ inline ReaderOptions fixture_reader_options(const std::string& name, const Trans
 
 // Opens `uri` (which holds fixture `name`), loads every tensor with `workers` workers (and hash
 // verification) and checks each against the manifest's SHA-256 (meta tensors: zeros).
-inline void expect_fixture_loads(const std::string& uri, const std::string& name, const TransportOptions& t,
-                                 int workers) {
+inline void expect_fixture_loads(const std::string& uri, const std::string& name,
+                                 const TransportOptions& t, int workers) {
   SCOPED_TRACE(uri + " with " + std::to_string(workers) + " workers");
   auto reader = Reader::open(uri, fixture_reader_options(name, t));
   const auto& tensors = fixture_manifest(name)["tensors"];
@@ -92,7 +95,8 @@ inline void expect_fixture_loads(const std::string& uri, const std::string& name
 }
 
 // Every byte of `uri` read through a Source, in pieces of `piece` bytes.
-inline std::string read_all(const std::string& uri, const TransportOptions& t, size_t piece = 1 << 20) {
+inline std::string read_all(const std::string& uri, const TransportOptions& t,
+                            size_t piece = 1 << 20) {
   auto src = open_source(uri, t);
   std::string out(src->size(), '\0');
   for (size_t off = 0; off < out.size(); off += piece)
@@ -135,8 +139,9 @@ class FaultProxy {
     if (script.empty()) throw std::runtime_error("TZ_TEST_FAULT_PROXY is not set");
     port_file_ = dir_.path("port");
     log_ = dir_.path("log");
-    std::vector<std::string> args = {"python3",    script, "--upstream", upstream, "--actions", actions,
-                                     "--port-file", port_file_, "--log", log_, "--seed", std::to_string(seed)};
+    std::vector<std::string> args = {"python3",   script,  "--upstream",  upstream,
+                                     "--actions", actions, "--port-file", port_file_,
+                                     "--log",     log_,    "--seed",      std::to_string(seed)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -183,7 +188,8 @@ class FaultProxy {
     std::string line;
     int n = 0;
     while (std::getline(f, line))
-      if (line.find(" faulted") != std::string::npos && line.find(" " + kind) != std::string::npos) ++n;
+      if (line.find(" faulted") != std::string::npos && line.find(" " + kind) != std::string::npos)
+        ++n;
     return n;
   }
 
@@ -204,7 +210,8 @@ inline redisContext* redis_connect(const std::string& url) {
 }
 
 inline void redis_set(redisContext* c, const std::string& key, const std::string& value) {
-  auto* r = static_cast<redisReply*>(redisCommand(c, "SET %b %b", key.data(), key.size(), value.data(), value.size()));
+  auto* r = static_cast<redisReply*>(
+      redisCommand(c, "SET %b %b", key.data(), key.size(), value.data(), value.size()));
   if (!r || r->type == REDIS_REPLY_ERROR) throw std::runtime_error("SET failed");
   freeReplyObject(r);
 }
@@ -221,12 +228,13 @@ inline std::optional<std::string> redis_get(redisContext* c, const std::string& 
 // Stores `file` under `prefix` exactly as the reference's TensorDeserializer.to_redis does
 // (spec §5.6), independently of our Redis sink: header:0, then per tensor a header key and a data
 // key (an empty one for meta tensors).
-inline void redis_store_reference_layout(redisContext* c, const std::string& prefix, const std::string& file) {
+inline void redis_store_reference_layout(redisContext* c, const std::string& prefix,
+                                         const std::string& file) {
   FileHeader h = parse_file_header(reinterpret_cast<const uint8_t*>(file.data()), file.size());
   const uint64_t index_end = kPreludeSize + h.index_size;
   redis_set(c, prefix + ":header:0", file.substr(0, index_end));
-  auto entries = parse_index(reinterpret_cast<const uint8_t*>(file.data()) + kPreludeSize, h.index_size, h,
-                             file.size());
+  auto entries = parse_index(reinterpret_cast<const uint8_t*>(file.data()) + kPreludeSize,
+                             h.index_size, h, file.size());
   for (const auto& e : entries) {
     redis_set(c, prefix + ":" + e.name + ":" + std::to_string(e.header_offset),
               file.substr(e.header_offset, e.header_size()));

@@ -26,15 +26,46 @@ using test::error_code_of;
 
 // Every serializable torch dtype name (spec §1.9).
 const std::vector<std::string>& all_torch_dtypes() {
-  static const std::vector<std::string> names = {
-      "float16",       "float32",       "float64",         "int8",           "uint8",
-      "int16",         "int32",         "int64",           "bool",           "complex64",
-      "complex128",    "uint16",        "uint32",          "uint64",         "bfloat16",
-      "complex32",     "float8_e5m2",   "float8_e4m3fn",   "float8_e5m2fnuz", "float8_e4m3fnuz",
-      "float8_e8m0fnu", "bits8",        "bits16",          "bits1x8",        "bits2x4",
-      "bits4x2",       "uint1",         "uint2",           "uint3",          "uint4",
-      "uint5",         "uint6",         "uint7",           "int1",           "int2",
-      "int3",          "int4",          "int5",            "int6",           "int7"};
+  static const std::vector<std::string> names = {"float16",
+                                                 "float32",
+                                                 "float64",
+                                                 "int8",
+                                                 "uint8",
+                                                 "int16",
+                                                 "int32",
+                                                 "int64",
+                                                 "bool",
+                                                 "complex64",
+                                                 "complex128",
+                                                 "uint16",
+                                                 "uint32",
+                                                 "uint64",
+                                                 "bfloat16",
+                                                 "complex32",
+                                                 "float8_e5m2",
+                                                 "float8_e4m3fn",
+                                                 "float8_e5m2fnuz",
+                                                 "float8_e4m3fnuz",
+                                                 "float8_e8m0fnu",
+                                                 "bits8",
+                                                 "bits16",
+                                                 "bits1x8",
+                                                 "bits2x4",
+                                                 "bits4x2",
+                                                 "uint1",
+                                                 "uint2",
+                                                 "uint3",
+                                                 "uint4",
+                                                 "uint5",
+                                                 "uint6",
+                                                 "uint7",
+                                                 "int1",
+                                                 "int2",
+                                                 "int3",
+                                                 "int4",
+                                                 "int5",
+                                                 "int6",
+                                                 "int7"};
   return names;
 }
 
@@ -57,8 +88,8 @@ class Batch {
     reqs_.push_back(std::move(r));
     return reqs_.back();
   }
-  WriteRequest& add_torch(const std::string& name, const std::string& torch, std::vector<uint64_t> shape,
-                          bool meta = false) {
+  WriteRequest& add_torch(const std::string& name, const std::string& torch,
+                          std::vector<uint64_t> shape, bool meta = false) {
     return add(TensorPath(name), dtype_string_for_torch(torch), std::move(shape), meta);
   }
   const std::vector<WriteRequest>& requests() const { return reqs_; }
@@ -130,7 +161,6 @@ std::vector<std::string> dir_entries(const std::string& dir) {
   return out;
 }
 
-
 // ---- Dtypes and shapes ------------------------------------------------------------------------
 
 TEST(RoundTripTest, EveryDtype) {
@@ -179,7 +209,8 @@ TEST(RoundTripTest, StructuredNames) {
   Batch mixed;
   mixed.add(TensorPath(C{"model", "emb"}), "<f2", {4, 2});
   mixed.add(TensorPath(C{uint64_t{0}}), "|u1", {3});
-  EXPECT_EQ(error_code_of([&] { write_all(dir.path("bad.tensors"), {&mixed}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(error_code_of([&] { write_all(dir.path("bad.tensors"), {&mixed}); }),
+            ErrorCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(dir.path("bad.tensors")));
   Batch list;
   list.add(TensorPath(C{uint64_t{0}}), "|u1", {3});
@@ -214,7 +245,8 @@ TEST(RoundTripTest, LargeTensorSplitAcrossWorkers) {
     LoadOptions o;
     o.num_workers = workers;
     auto buffers = test::load_entries(*r, o);
-    for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(buffers[i] == b.bytes(i)) << workers << " " << i;
+    for (size_t i = 0; i < b.size(); ++i)
+      EXPECT_TRUE(buffers[i] == b.bytes(i)) << workers << " " << i;
   }
 }
 
@@ -223,8 +255,9 @@ TEST(RoundTripTest, ManySmallTensorsGrowTheIndex) {
   Batch b;
   const int n = 5000;  // > 3000 overflows the reference's 256 KiB; > 512 KiB needs a second read
   for (int i = 0; i < n; ++i)
-    b.add_torch("model.layers." + std::to_string(i) + ".self_attention.query_key_value.weight_parameter",
-                i % 3 ? "float32" : "bfloat16", {static_cast<uint64_t>(1 + i % 5)});
+    b.add_torch(
+        "model.layers." + std::to_string(i) + ".self_attention.query_key_value.weight_parameter",
+        i % 3 ? "float32" : "bfloat16", {static_cast<uint64_t>(1 + i % 5)});
   const std::string p = write_all(dir.path("m.tensors"), {&b});
   auto r = Reader::open(p);
   EXPECT_GT(r->header().index_size, 512u << 10);
@@ -255,7 +288,8 @@ TEST(RoundTripTest, LowestVersionThatFits) {
   test::TempDir dir;
   struct Case {
     const char* what;
-    std::vector<std::tuple<std::string, std::vector<uint64_t>, bool>> tensors;  // dtype, shape, meta
+    std::vector<std::tuple<std::string, std::vector<uint64_t>, bool>>
+        tensors;  // dtype, shape, meta
     uint32_t version;
   };
   const std::string bf16 = dtype_string_for_torch("bfloat16");
@@ -274,7 +308,8 @@ TEST(RoundTripTest, LowestVersionThatFits) {
     SCOPED_TRACE(c.what);
     Batch b;
     int i = 0;
-    for (const auto& [dtype, shape, meta] : c.tensors) b.add(TensorPath("t" + std::to_string(i++)), dtype, shape, meta);
+    for (const auto& [dtype, shape, meta] : c.tensors)
+      b.add(TensorPath("t" + std::to_string(i++)), dtype, shape, meta);
     const std::string p = write_all(dir.path(std::string(c.what) + ".tensors"), {&b});
     EXPECT_EQ(file_version(p), c.version);
     EXPECT_EQ(Reader::open(p)->header().flags, c.version == 5 ? kFlagVersionedEntries : 0u);
@@ -296,7 +331,8 @@ TEST(RoundTripTest, DataIsAligned) {
   }
   // Records stay contiguous and in index order (the reference reader relies on it).
   for (size_t i = 1; i < r->entries().size(); ++i)
-    EXPECT_EQ(r->entries()[i].header_offset, r->entries()[i - 1].data_offset + r->entries()[i - 1].data_length);
+    EXPECT_EQ(r->entries()[i].header_offset,
+              r->entries()[i - 1].data_offset + r->entries()[i - 1].data_length);
   expect_file_holds(p, {&b});
 }
 
@@ -309,7 +345,8 @@ TEST(RoundTripTest, WrittenFilePassesCliVerify) {
   b.add_torch("m", "float32", {4}, true);
   const std::string p = write_all(dir.path("v.tensors"), {&b});
   std::string out;
-  EXPECT_EQ(test::run_command("'" + test::cli_path() + "' verify '" + p + "' 2>&1", &out), 0) << out;
+  EXPECT_EQ(test::run_command("'" + test::cli_path() + "' verify '" + p + "' 2>&1", &out), 0)
+      << out;
   EXPECT_NE(out.find("OK"), std::string::npos) << out;
 }
 
@@ -330,7 +367,8 @@ TEST(RoundTripTest, SecondWriteThatOverflowsTheIndexIsRejected) {
   test::TempDir dir;
   Batch b1, b2;
   b1.add_torch("x", "float32", {1});
-  for (int i = 0; i < 3000; ++i) b2.add_torch(std::string(100, 'n') + std::to_string(i), "float32", {1});
+  for (int i = 0; i < 3000; ++i)
+    b2.add_torch(std::string(100, 'n') + std::to_string(i), "float32", {1});
   auto w = Writer::open(dir.path("o.tensors"));
   w->write(b1.requests());
   EXPECT_EQ(error_code_of([&] { w->write(b2.requests()); }), ErrorCode::kInvalidArgument);
@@ -358,20 +396,34 @@ TEST(RoundTripTest, ValidationErrorsThrowWithoutDamage) {
          b.add(TensorPath("x"), "<f4", {1});
          b.add(TensorPath("x"), "<f4", {1});
        }},
-      {"leaf that is a prefix", [](Batch& b) { b.add(TensorPath(C{"flat", "sub"}), "<f4", {1}); }},
+      {"leaf that is a prefix",
+       [](Batch& b) {
+         b.add(TensorPath(C{"flat", "sub"}), "<f4", {1});
+       }},
       {"prefix that is a leaf", [](Batch& b) { b.add(TensorPath("tree"), "<f4", {1}); }},
-      {"mixed key kinds", [](Batch& b) { b.add(TensorPath(C{"list", "k"}), "<f4", {1}); }},
-      {"mixed key kinds at the top", [](Batch& b) { b.add(TensorPath(C{uint64_t{3}}), "<f4", {1}); }},
+      {"mixed key kinds",
+       [](Batch& b) {
+         b.add(TensorPath(C{"list", "k"}), "<f4", {1});
+       }},
+      {"mixed key kinds at the top",
+       [](Batch& b) { b.add(TensorPath(C{uint64_t{3}}), "<f4", {1}); }},
       {"empty name", [](Batch& b) { b.add(TensorPath(""), "<f4", {1}); }},
       {"no components", [](Batch& b) { b.add(TensorPath(), "<f4", {1}); }},
       {"name starting with 0x1E", [](Batch& b) { b.add(TensorPath("\x1e[0]"), "<f4", {1}); }},
-      {"invalid UTF-8 in a structured name", [](Batch& b) { b.add(TensorPath(C{"u", "\xff"}), "<f4", {1}); }},
+      {"invalid UTF-8 in a structured name",
+       [](Batch& b) {
+         b.add(TensorPath(C{"u", "\xff"}), "<f4", {1});
+       }},
       {"bad dtype string", [](Batch& b) { b.add(TensorPath("y"), "<f4", {1}).dtype = "f4"; }},
-      {"quantized dtype", [](Batch& b) { b.add(TensorPath("q"), std::string("|V1\0torch.qint8", 15), {1}); }},
+      {"quantized dtype",
+       [](Batch& b) { b.add(TensorPath("q"), std::string("|V1\0torch.qint8", 15), {1}); }},
       {"structured name on a PARAM",
-       [](Batch& b) { b.add(TensorPath(C{"p", "q"}), "<f4", {1}).type = TensorType::kParam; }},
+       [](Batch& b) {
+         b.add(TensorPath(C{"p", "q"}), "<f4", {1}).type = TensorType::kParam;
+       }},
       {"no data", [](Batch& b) { b.add(TensorPath("nodata"), "<f4", {2}).data = nullptr; }},
-      {"256 dims", [](Batch& b) { b.add(TensorPath("dims"), "<f4", std::vector<uint64_t>(256, 1)); }},
+      {"256 dims",
+       [](Batch& b) { b.add(TensorPath("dims"), "<f4", std::vector<uint64_t>(256, 1)); }},
       {"size overflow",
        [](Batch& b) {
          b.add(TensorPath("huge"), "<f4", {1}, true).shape = {uint64_t{1} << 62, 8};
@@ -440,9 +492,11 @@ TEST(PartialFileTest, FailedWriteLeavesNothing) {
     {
       WriterOptions o;
       o.num_workers = 2;
-      auto w = Writer::open(std::make_unique<FaultySink>(open_sink(path), fail_at, FaultySink::Mode::kThrow), o);
+      auto w = Writer::open(
+          std::make_unique<FaultySink>(open_sink(path), fail_at, FaultySink::Mode::kThrow), o);
       EXPECT_EQ(error_code_of([&] { w->write(b.requests()); }), ErrorCode::kIO);
-      EXPECT_EQ(error_code_of([&] { w->write(b.requests()); }), ErrorCode::kIO) << "writer stays failed";
+      EXPECT_EQ(error_code_of([&] { w->write(b.requests()); }), ErrorCode::kIO)
+          << "writer stays failed";
       EXPECT_EQ(error_code_of([&] { w->close(); }), ErrorCode::kIO);
     }  // destroyed after the failure
     EXPECT_FALSE(fs::exists(path));
@@ -497,7 +551,8 @@ TEST(PartialFileTest, CrashMidWriteLeavesNoFileAtTheFinalPath) {
       WriterOptions o;
       o.num_workers = 1;
       std::unique_ptr<Sink> sink = open_sink(path);
-      if (crash_at > 0) sink = std::make_unique<FaultySink>(std::move(sink), crash_at, FaultySink::Mode::kExit);
+      if (crash_at > 0)
+        sink = std::make_unique<FaultySink>(std::move(sink), crash_at, FaultySink::Mode::kExit);
       auto w = Writer::open(std::move(sink), o);
       w->write(b1.requests());
       _exit(0);  // the process ends without close(), as a crash would

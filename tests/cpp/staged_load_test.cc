@@ -42,8 +42,11 @@ struct Sample {
 std::vector<Sample> samples() {
   std::vector<Sample> out;
   const size_t sizes[] = {5 * kMiB + 12, 36, 4096, 0, 3 * kMiB, 4, 700 * 1024, 9 * kMiB + 4, 64};
-  for (size_t n : sizes) out.push_back({"t" + std::to_string(out.size()), random_bytes(n, static_cast<uint32_t>(out.size()))});
-  for (int i = 0; i < 40; ++i) out.push_back({"small" + std::to_string(i), random_bytes(100 + 8 * i, 100 + i)});
+  for (size_t n : sizes)
+    out.push_back(
+        {"t" + std::to_string(out.size()), random_bytes(n, static_cast<uint32_t>(out.size()))});
+  for (int i = 0; i < 40; ++i)
+    out.push_back({"small" + std::to_string(i), random_bytes(100 + 8 * i, 100 + i)});
   out.push_back({"meta", std::string(4000, '\0'), true});
   return out;
 }
@@ -89,7 +92,9 @@ class CountingBackend : public CopyBackend {
     ++copies;
     inner_->copy_async(dst, src, size, stream);
   }
-  void zero_async(void* dst, size_t size, int stream) override { inner_->zero_async(dst, size, stream); }
+  void zero_async(void* dst, size_t size, int stream) override {
+    inner_->zero_async(dst, size, stream);
+  }
   std::unique_ptr<CopyEvent> make_event() override { return inner_->make_event(); }
   void synchronize() override { inner_->synchronize(); }
 
@@ -104,7 +109,8 @@ struct Loaded {
   StagedLoadResult result;
 };
 
-Loaded load_all(Reader& r, CopyBackend& backend, const LoadOptions& opt, const StagingOptions& staging) {
+Loaded load_all(Reader& r, CopyBackend& backend, const LoadOptions& opt,
+                const StagingOptions& staging) {
   Loaded out;
   std::vector<TensorDestination> dests;
   out.bytes.resize(r.entries().size());
@@ -261,7 +267,8 @@ TEST(StagedLoadTest, AReadFailingMidLoadFreesEveryStagingBuffer) {
     SCOPED_TRACE(fail_at);
     auto reads = std::make_shared<std::atomic<int>>(0);
     // Fail the fail_at-th read of the load (opening takes its own reads first).
-    auto failing = std::make_unique<FailingSource>(open_source(dir.path("f.tensors")), reads, fail_at);
+    auto failing =
+        std::make_unique<FailingSource>(open_source(dir.path("f.tensors")), reads, fail_at);
     auto r2 = Reader::open(std::move(failing));
     *reads = 0;
     CountingBackend backend(host_copy_backend(2, 200));
@@ -318,10 +325,18 @@ TEST(StagedLoadTest, BadRequestsAreRefused) {
   auto r = Reader::open(dir.path("b.tensors"));
   auto backend = host_copy_backend();
   std::string buf(64, '\0');
-  EXPECT_EQ(test::error_code_of([&] { load_staged(*r, {{999, buf.data()}}, *backend); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(test::error_code_of([&] { load_staged(*r, {{8, buf.data()}, {8, buf.data()}}, *backend); }),
+  EXPECT_EQ(test::error_code_of([&] {
+              load_staged(*r, {{999, buf.data()}}, *backend);
+            }),
             ErrorCode::kInvalidArgument);
-  EXPECT_EQ(test::error_code_of([&] { load_staged(*r, {{0, nullptr}}, *backend); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::error_code_of([&] {
+              load_staged(*r, {{8, buf.data()}, {8, buf.data()}}, *backend);
+            }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::error_code_of([&] {
+              load_staged(*r, {{0, nullptr}}, *backend);
+            }),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(load_staged(*r, {}, *backend).slots, 0u);
 }
 
@@ -333,7 +348,9 @@ struct FakeCudart {
     return reinterpret_cast<F*>(dlsym(handle, name));
   }
   void fail_copy(int nth) { fn<void(int)>("fake_cudart_fail_copy")(nth); }
-  int live(const char* what) { return fn<int()>((std::string("fake_cudart_live_") + what).c_str())(); }
+  int live(const char* what) {
+    return fn<int()>((std::string("fake_cudart_live_") + what).c_str())();
+  }
 };
 
 TEST(StagedLoadTest, CudaBackendLoadsThroughTheRuntimeItFinds) {
@@ -361,7 +378,8 @@ TEST(StagedLoadTest, CudaBackendLoadsThroughTheRuntimeItFinds) {
     EXPECT_EQ(fake.live("host_allocs"), 0);
     EXPECT_EQ(fake.live("events"), 0);
 
-    // A copy failing mid-load: a CUDA error naming the call, the tensor and the file; nothing leaks.
+    // A copy failing mid-load: a CUDA error naming the call, the tensor and the file; nothing
+    // leaks.
     fake.fail_copy(7);
     try {
       load_all(*r, *backend, opt, small_ring());
@@ -369,7 +387,8 @@ TEST(StagedLoadTest, CudaBackendLoadsThroughTheRuntimeItFinds) {
     } catch (const Error& err) {
       EXPECT_EQ(err.code(), ErrorCode::kIO);
       const std::string what = err.what();
-      EXPECT_NE(what.find("cudaMemcpyAsync failed: fake CUDA error 700"), std::string::npos) << what;
+      EXPECT_NE(what.find("cudaMemcpyAsync failed: fake CUDA error 700"), std::string::npos)
+          << what;
       EXPECT_NE(what.find("c.tensors"), std::string::npos) << what;
     }
     fake.fail_copy(0);
@@ -377,7 +396,8 @@ TEST(StagedLoadTest, CudaBackendLoadsThroughTheRuntimeItFinds) {
     EXPECT_EQ(fake.live("events"), 0);
   }
   EXPECT_EQ(fake.live("streams"), 0);
-  EXPECT_EQ(test::error_code_of([&] { cuda_copy_backend(2, 2, TZ_FAKE_CUDART); }), ErrorCode::kUnsupported);
+  EXPECT_EQ(test::error_code_of([&] { cuda_copy_backend(2, 2, TZ_FAKE_CUDART); }),
+            ErrorCode::kUnsupported);
   EXPECT_EQ(test::error_code_of([&] { cuda_copy_backend(0, 2, "/nonexistent/libcudart.so"); }),
             ErrorCode::kUnsupported);
 }
@@ -385,7 +405,8 @@ TEST(StagedLoadTest, CudaBackendLoadsThroughTheRuntimeItFinds) {
 TEST(StagedLoadTest, CudaBackendIsRefusedCleanlyWithoutAGpu) {
   try {
     auto backend = cuda_copy_backend(0);
-    GTEST_SKIP() << "a CUDA device is present (" << backend->name() << "); the Python GPU tests cover it";
+    GTEST_SKIP() << "a CUDA device is present (" << backend->name()
+                 << "); the Python GPU tests cover it";
   } catch (const Error& err) {
     EXPECT_EQ(err.code(), ErrorCode::kUnsupported) << err.what();
   }

@@ -70,12 +70,14 @@ TempDir::~TempDir() {
 namespace {
 class TruncatedSource final : public Source {
  public:
-  TruncatedSource(std::shared_ptr<const std::string> b, uint64_t size) : b_(std::move(b)), size_(size) {}
+  TruncatedSource(std::shared_ptr<const std::string> b, uint64_t size)
+      : b_(std::move(b)), size_(size) {}
   uint64_t size() override { return size_; }
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
     uint64_t total = 0;
     for (size_t i = 0; i < count; ++i) total += slices[i].size;
-    if (offset > size_ || total > size_ - offset) fail(ErrorCode::kFormat, "read past end of truncated source");
+    if (offset > size_ || total > size_ - offset)
+      fail(ErrorCode::kFormat, "read past end of truncated source");
     const char* p = b_->data() + offset;
     for (size_t i = 0; i < count; ++i) {
       std::memcpy(slices[i].data, p, slices[i].size);
@@ -103,8 +105,10 @@ TensorPath path_from_json(const nlohmann::json& name) {
   if (name.is_string()) return TensorPath(name.get<std::string>());
   std::vector<PathComponent> components;
   for (const auto& c : name) {
-    if (c.is_string()) components.emplace_back(c.get<std::string>());
-    else components.emplace_back(c.get<uint64_t>());
+    if (c.is_string())
+      components.emplace_back(c.get<std::string>());
+    else
+      components.emplace_back(c.get<uint64_t>());
   }
   return TensorPath(std::move(components));
 }

@@ -3,14 +3,15 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "tensorizer/error.h"
 #include "tensorizer/reader.h"
 #include "tensorizer/tensor_path.h"
-#include "tensorizer/error.h"
 #include "tensorizer/transport.h"
 
 namespace tensorizer::test {

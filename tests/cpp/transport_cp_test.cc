@@ -14,7 +14,9 @@ TEST(TransportCpTest, CopiesBetweenEveryKindAndInspectVerifyAcceptEveryUri) {
   const std::string cli = test::cli_path();
   if (cli.empty()) GTEST_SKIP() << "the CLI is not built";
   test::TempDir dir;
-  const std::string env = "AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_ENDPOINT_URL=" + s3_endpoint + " ";
+  const std::string env =
+      "AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_ENDPOINT_URL=" + s3_endpoint +
+      " ";
   const std::string name = "dtypes.tensors";
   const std::string s3 = "s3://" + bucket + "/" + test::unique_name("cp") + ".tensors";
   const std::string rd = redis + "/" + test::unique_name("cp");
@@ -44,10 +46,15 @@ TEST(TransportCpTest, ErrorsExitWithTwoAndSayWhy) {
   const std::string cli = test::cli_path();
   if (cli.empty()) GTEST_SKIP() << "the CLI is not built";
   std::string text;
-  EXPECT_EQ(test::run_command(cli + " cp " + test::fixture_path("module.tensors") + " " + http + "/x.tensors 2>&1", &text), 2);
+  EXPECT_EQ(test::run_command(cli + " cp " + test::fixture_path("module.tensors") + " " + http +
+                                  "/x.tensors 2>&1",
+                              &text),
+            2);
   EXPECT_NE(text.find("read-only"), std::string::npos) << text;
   text.clear();
-  EXPECT_EQ(test::run_command(cli + " cp " + http + "/missing.tensors /tmp/never-written.tensors 2>&1", &text), 2);
+  EXPECT_EQ(test::run_command(
+                cli + " cp " + http + "/missing.tensors /tmp/never-written.tensors 2>&1", &text),
+            2);
   EXPECT_NE(text.find("not found"), std::string::npos) << text;
   EXPECT_NE(text.find(http + "/missing.tensors"), std::string::npos) << text;
 }

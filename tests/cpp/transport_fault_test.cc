@@ -54,11 +54,13 @@ TEST(TransportFaultTest, HttpLoadSurvivesResetsStallsAnd503Bursts) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
   TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
   const ServedModel& m = served_model(root);
-  test::FaultProxy proxy(test::host_port(url), "reset:5000-1000000x5,503x4,stall:20000x1,429x2,reset:100x2");
+  test::FaultProxy proxy(test::host_port(url),
+                         "reset:5000-1000000x5,503x4,stall:20000x1,429x2,reset:100x2");
   TransportOptions t = fast_retries();
   t.stall_timeout_s = 1;  // the stalled connection is given up after 1 s, then resumed elsewhere
   test::expect_model("http://" + proxy.address() + "/" + m.name, t, m.model);
-  for (const char* kind : {"reset", "503", "429", "stall"}) EXPECT_GE(proxy.faulted(kind), 1) << kind << proxy.log_text();
+  for (const char* kind : {"reset", "503", "429", "stall"})
+    EXPECT_GE(proxy.faulted(kind), 1) << kind << proxy.log_text();
   EXPECT_GE(proxy.faulted(), 11) << proxy.log_text();
 }
 
@@ -91,7 +93,8 @@ TEST(TransportFaultTest, S3LoadSurvivesDropsAndSlowDown) {
   w->write(model.requests);
   w->close();
   // moto answers one request per connection: drops and 503s (as S3 SlowDown would) interleave.
-  test::FaultProxy proxy(test::host_port(endpoint), "pass,drop:2000-1500000x8,503x3,reset:3000-1000000x4", 5);
+  test::FaultProxy proxy(test::host_port(endpoint),
+                         "pass,drop:2000-1500000x8,503x3,reset:3000-1000000x4", 5);
   TransportOptions t = fast_retries();
   t.s3_endpoint = "http://" + proxy.address();
   t.force_http = true;
@@ -154,9 +157,7 @@ TEST(TransportFaultTest, ServerWithoutRangesIsReadInOnePass) {
   const uint64_t file_size = test::read_file(root + "/" + m.name).size();
   // Two connections are dropped mid-way: each costs a restart from byte 0, nothing more.
   test::FaultProxy proxy(test::host_port(url), "pass,drop:8000000x2");
-  {
-    test::expect_model("http://" + proxy.address() + "/" + m.name, fast_retries(), m.model);
-  }
+  { test::expect_model("http://" + proxy.address() + "/" + m.name, fast_retries(), m.model); }
   for (int i = 0; i < 100 && proxy.bytes_forwarded() < file_size; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the last connection's log line
   EXPECT_EQ(proxy.faulted("drop"), 2) << proxy.log_text();
@@ -195,8 +196,8 @@ TEST(TransportFaultTest, ExhaustedRetriesNameUriOffsetAndLastStatus) {
 
 // Opens through a proxy, stops the proxy, then loads: the error must come within the configured
 // timeout (with slack for backoff and scheduling) and name the URI and an offset.
-void expect_gone_error(const std::string& uri_template, const std::string& upstream, const TransportOptions& base,
-                       const test::Model& model) {
+void expect_gone_error(const std::string& uri_template, const std::string& upstream,
+                       const TransportOptions& base, const test::Model& model) {
   auto proxy = std::make_unique<test::FaultProxy>(upstream, "");
   std::string uri = uri_template;
   uri.replace(uri.find("PROXY"), 5, proxy->address());
@@ -216,7 +217,8 @@ void expect_gone_error(const std::string& uri_template, const std::string& upstr
     reader->load(dests);
     FAIL() << "no error";
   } catch (const Error& e) {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::string what = e.what();
     EXPECT_EQ(e.code(), ErrorCode::kIO) << what;
     EXPECT_LT(secs, t.stall_timeout_s + 3) << what;
@@ -266,7 +268,8 @@ TEST(TransportFaultTest, StalledServerIsAnErrorWithinTheTimeout) {
     fresh->read_at(reader->entries()[2].data_offset, buf.data(), buf.size());
     FAIL() << "no error";
   } catch (const Error& e) {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(secs, t.stall_timeout_s * 2 + 3) << e.what();
     EXPECT_NE(std::string(e.what()).find("offset"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(uri), std::string::npos) << e.what();

@@ -17,7 +17,8 @@ namespace {
 TEST(TransportHttpTest, FixturesLoadBitExactOverHttp) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
   for (const auto& name : test::all_fixtures())
-    for (int workers : {1, 4}) test::expect_fixture_loads(url + "/fixtures/" + name, name, {}, workers);
+    for (int workers : {1, 4})
+      test::expect_fixture_loads(url + "/fixtures/" + name, name, {}, workers);
 }
 
 TEST(TransportHttpTest, FixturesLoadBitExactOverHttpsWithCaFile) {
@@ -26,7 +27,8 @@ TEST(TransportHttpTest, FixturesLoadBitExactOverHttpsWithCaFile) {
   TransportOptions t;
   t.ca_file = ca;
   for (const auto& name : test::all_fixtures())
-    for (int workers : {1, 4}) test::expect_fixture_loads(url + "/fixtures/" + name, name, t, workers);
+    for (int workers : {1, 4})
+      test::expect_fixture_loads(url + "/fixtures/" + name, name, t, workers);
 }
 
 TEST(TransportHttpTest, HttpsWithCaDirectoryAndWithUntrustedAllowed) {
@@ -51,7 +53,8 @@ TEST(TransportHttpTest, UntrustedCertificateIsAClearErrorWithoutRetries) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kIO);
     EXPECT_NE(std::string(e.what()).find(uri), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find("attempts"), std::string::npos) << "not retried: " << e.what();
+    EXPECT_EQ(std::string(e.what()).find("attempts"), std::string::npos)
+        << "not retried: " << e.what();
   }
 }
 
@@ -78,7 +81,8 @@ TEST(TransportHttpTest, ServerWithoutRangeSupportUsesOneReaderAndLoadsBitExact) 
   std::string mid(1000, '\0');
   src->read_at(300000, mid.data(), mid.size());
   EXPECT_EQ(mid, file.substr(300000, 1000));
-  for (const auto& name : test::all_fixtures()) test::expect_fixture_loads(url + "/fixtures/" + name, name, {}, 0);
+  for (const auto& name : test::all_fixtures())
+    test::expect_fixture_loads(url + "/fixtures/" + name, name, {}, 0);
 }
 
 TEST(TransportHttpTest, ScatterReadsLandInEverySliceAndRangesAreChecked) {
@@ -177,7 +181,7 @@ TEST(TransportHttpTest, ReadSizeComesFromTheOptionOrTensorizerReadMib) {
   test::ScopedEnv env;
   env.set("TENSORIZER_READ_MIB", std::nullopt);
   EXPECT_EQ(open_source(uri)->preferred_read_bytes(), 0u);
-  const uint64_t slack = 64 << 10;  // an item may also take a small neighbour
+  const uint64_t slack = 64 << 10;                       // an item may also take a small neighbour
   const uint64_t by_default = largest_read(uri, {}, m);  // the engine's 16 MiB items
   EXPECT_GE(by_default, 16u << 20);
   EXPECT_LE(by_default, (16u << 20) + slack);
@@ -187,7 +191,7 @@ TEST(TransportHttpTest, ReadSizeComesFromTheOptionOrTensorizerReadMib) {
   EXPECT_LE(largest_read(uri, two_mib, m), small + slack);
   env.set("TENSORIZER_READ_MIB", "64");
   EXPECT_EQ(open_source(uri)->preferred_read_bytes(), 64u << 20);
-  EXPECT_GT(largest_read(uri, {}, m), 16u << 20);  // the 40 MiB tensor in one read
+  EXPECT_GT(largest_read(uri, {}, m), 16u << 20);           // the 40 MiB tensor in one read
   EXPECT_LE(largest_read(uri, two_mib, m), small + slack);  // the option wins over the variable
   for (const char* bad : {"0", "-1", "12x", "99999999999"}) {
     env.set("TENSORIZER_READ_MIB", bad);
@@ -206,10 +210,13 @@ TEST(TransportHttpTest, RedactUrlHidesUserInfoAndSecretParameters) {
   EXPECT_EQ(net::redact_url("https://user:pw@h:1/a/b?x=1#f"), "https://***@h:1/a/b?x=1#f");
   EXPECT_EQ(net::redact_url("https://tok@h/a"), "https://***@h/a");
   EXPECT_EQ(net::redact_url("http://h/a@b"), "http://h/a@b");
-  EXPECT_EQ(net::redact_url("http://h/k?X-Amz-Credential=AKIA%2F1&X-Amz-Date=20250101&X-Amz-Signature=ab12"
-                            "&X-Amz-Security-Token=zz&part=2"),
-            "http://h/k?X-Amz-Credential=***&X-Amz-Date=20250101&X-Amz-Signature=***&X-Amz-Security-Token=***"
-            "&part=2");
+  EXPECT_EQ(
+      net::redact_url(
+          "http://h/k?X-Amz-Credential=AKIA%2F1&X-Amz-Date=20250101&X-Amz-Signature=ab12"
+          "&X-Amz-Security-Token=zz&part=2"),
+      "http://h/"
+      "k?X-Amz-Credential=***&X-Amz-Date=20250101&X-Amz-Signature=***&X-Amz-Security-Token=***"
+      "&part=2");
   EXPECT_EQ(net::redact_url("http://h/k?flag&token=x"), "http://h/k?flag&token=***");
 }
 

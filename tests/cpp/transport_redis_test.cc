@@ -2,7 +2,8 @@
 // reference key layout (spec §5.6, written here with hiredis, not by our sink) load bit-exact with
 // 1 and 4 workers, meta tensors' empty keys included; objects written by our sink have exactly the
 // reference keys and round-trip byte for byte; a rewrite replaces the old keys, an aborted write
-// changes nothing, prefixes with glob characters are taken literally, a missing prefix is kNotFound.
+// changes nothing, prefixes with glob characters are taken literally, a missing prefix is
+// kNotFound.
 #include "remote_test_util.h"
 
 namespace tensorizer {
@@ -23,7 +24,8 @@ TEST(TransportRedisTest, ReferenceLayoutFixturesLoadBitExact) {
     const std::string uri = url + "/" + prefix;
     for (int workers : {1, 4}) test::expect_fixture_loads(uri, name, {}, workers);
     // The object reads back as the original file, end-of-tensors marker included.
-    EXPECT_TRUE(test::read_all(uri, {}, 100000) == test::read_file(test::fixture_path(name))) << name;
+    EXPECT_TRUE(test::read_all(uri, {}, 100000) == test::read_file(test::fixture_path(name)))
+        << name;
   }
 }
 
@@ -45,12 +47,14 @@ TEST(TransportRedisTest, WrittenObjectHasTheReferenceKeysAndRoundTrips) {
   const std::string file = test::read_file(dir.path("same.tensors"));
 
   FileHeader h = parse_file_header(reinterpret_cast<const uint8_t*>(file.data()), file.size());
-  EXPECT_TRUE(test::redis_get(r.c, prefix + ":header:0") == file.substr(0, kPreludeSize + h.index_size));
-  auto entries = parse_index(reinterpret_cast<const uint8_t*>(file.data()) + kPreludeSize, h.index_size, h,
-                             file.size());
+  EXPECT_TRUE(test::redis_get(r.c, prefix + ":header:0") ==
+              file.substr(0, kPreludeSize + h.index_size));
+  auto entries = parse_index(reinterpret_cast<const uint8_t*>(file.data()) + kPreludeSize,
+                             h.index_size, h, file.size());
   for (const auto& e : entries) {
     SCOPED_TRACE(e.name);
-    auto header = test::redis_get(r.c, prefix + ":" + e.name + ":" + std::to_string(e.header_offset));
+    auto header =
+        test::redis_get(r.c, prefix + ":" + e.name + ":" + std::to_string(e.header_offset));
     auto data = test::redis_get(r.c, prefix + ":" + e.name + ":" + std::to_string(e.data_offset));
     ASSERT_TRUE(header && data);
     EXPECT_TRUE(*header == file.substr(e.header_offset, e.header_size()));
@@ -69,7 +73,8 @@ TEST(TransportRedisTest, WrittenObjectHasTheReferenceKeysAndRoundTrips) {
     w->close();
   }
   test::expect_model(uri, {}, small);
-  EXPECT_FALSE(test::redis_get(r.c, prefix + ":" + entries[2].name + ":" + std::to_string(entries[2].data_offset)));
+  EXPECT_FALSE(test::redis_get(
+      r.c, prefix + ":" + entries[2].name + ":" + std::to_string(entries[2].data_offset)));
 }
 
 TEST(TransportRedisTest, AbortedWriteChangesNothing) {
@@ -95,7 +100,8 @@ TEST(TransportRedisTest, CopyFromFileAndBackIsIdentical) {
     const std::string uri = url + "/" + test::unique_name("cp-" + name);
     copy_object(test::fixture_path(name), uri);
     copy_object(uri, dir.path(name));
-    EXPECT_TRUE(test::read_file(dir.path(name)) == test::read_file(test::fixture_path(name))) << name;
+    EXPECT_TRUE(test::read_file(dir.path(name)) == test::read_file(test::fixture_path(name)))
+        << name;
   }
 }
 
@@ -105,7 +111,8 @@ TEST(TransportRedisTest, PrefixWithGlobCharactersIsLiteral) {
   const std::string base = test::unique_name("glob");
   const std::string file = test::read_file(test::fixture_path("module.tensors"));
   test::redis_store_reference_layout(r.c, base + "*x[1]", file);
-  test::redis_store_reference_layout(r.c, base + "Ax11", test::read_file(test::fixture_path("dtypes.tensors")));
+  test::redis_store_reference_layout(r.c, base + "Ax11",
+                                     test::read_file(test::fixture_path("dtypes.tensors")));
   EXPECT_TRUE(test::read_all(url + "/" + base + "*x[1]", {}) == file);
 }
 

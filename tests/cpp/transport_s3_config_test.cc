@@ -12,14 +12,17 @@ namespace {
 class S3ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                          "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-                          "AWS_REGION", "AWS_DEFAULT_REGION"})
+    for (const char* v :
+         {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+          "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+          "AWS_REGION", "AWS_DEFAULT_REGION"})
       env_.set(v, std::nullopt);
     env_.set("HOME", home_.path(""));
     std::filesystem::create_directories(home_.path(".aws"));
   }
-  void write(const std::string& rel, const std::string& text) { test::write_file(home_.path(rel), text); }
+  void write(const std::string& rel, const std::string& text) {
+    test::write_file(home_.path(rel), text);
+  }
 
   test::ScopedEnv env_;
   test::TempDir home_;
@@ -50,7 +53,8 @@ TEST_F(S3ConfigTest, EndpointSchemeRules) {
     FAIL() << "plain HTTP accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("Non-HTTPS endpoint URLs are not allowed"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("Non-HTTPS endpoint URLs are not allowed"),
+              std::string::npos);
   }
   // From the environment, plain HTTP is allowed.
   env_.set("AWS_ENDPOINT_URL", std::string("http://env.local:1"));
@@ -58,7 +62,9 @@ TEST_F(S3ConfigTest, EndpointSchemeRules) {
 }
 
 TEST_F(S3ConfigTest, EndpointPrecedence) {
-  write(".aws/config", "[default]\nendpoint_url = https://profile-generic\ns3 =\n  endpoint_url = https://profile-s3\n");
+  write(".aws/config",
+        "[default]\nendpoint_url = https://profile-generic\ns3 =\n  endpoint_url = "
+        "https://profile-s3\n");
   EXPECT_EQ(s3::resolve({}, false).endpoint, "https://profile-s3");
   write(".aws/config", "[default]\nendpoint_url = https://profile-generic\n");
   EXPECT_EQ(s3::resolve({}, false).endpoint, "https://profile-generic");
@@ -74,7 +80,8 @@ TEST_F(S3ConfigTest, EndpointPrecedence) {
 }
 
 TEST_F(S3ConfigTest, S3cfgUseHttpsFalseMeansPlainHttpUnlessForced) {
-  write(".s3cfg", "[default]\naccess_key = AK\nsecret_key = SK\nhost_base = h:1\nuse_https = False\n");
+  write(".s3cfg",
+        "[default]\naccess_key = AK\nsecret_key = SK\nhost_base = h:1\nuse_https = False\n");
   EXPECT_EQ(s3::resolve({}, false).endpoint, "http://h:1");
   TransportOptions t;
   t.force_http = false;
@@ -82,12 +89,14 @@ TEST_F(S3ConfigTest, S3cfgUseHttpsFalseMeansPlainHttpUnlessForced) {
 }
 
 TEST_F(S3ConfigTest, CredentialPrecedenceAndSources) {
-  write(".aws/config", "[default]\naws_access_key_id = CONFIGKEY\naws_secret_access_key = CONFIGSECRET\n");
+  write(".aws/config",
+        "[default]\naws_access_key_id = CONFIGKEY\naws_secret_access_key = CONFIGSECRET\n");
   s3::ResolvedS3 r = s3::resolve({}, false);
   EXPECT_EQ(r.access_key, "CONFIGKEY");
   EXPECT_EQ(r.credential_source, "credentials from ~/.aws/config (profile default)");
-  write(".aws/credentials", "[default]\naws_access_key_id = CREDKEY\naws_secret_access_key = CREDSECRET\n"
-                            "aws_session_token = TOKEN\n");
+  write(".aws/credentials",
+        "[default]\naws_access_key_id = CREDKEY\naws_secret_access_key = CREDSECRET\n"
+        "aws_session_token = TOKEN\n");
   r = s3::resolve({}, false);
   EXPECT_EQ(r.access_key, "CREDKEY");
   EXPECT_EQ(r.session_token, "TOKEN");
@@ -135,9 +144,10 @@ TEST_F(S3ConfigTest, EmptyExplicitCredentialsMeanAnonymous) {
 }
 
 TEST_F(S3ConfigTest, ProfilesFromOptionOrEnvironment) {
-  write(".aws/credentials", "[default]\naws_access_key_id = D\naws_secret_access_key = d\n"
-                            "[a]\naws_access_key_id = A\naws_secret_access_key = a\n"
-                            "[b]\naws_access_key_id = B\naws_secret_access_key = b\n");
+  write(".aws/credentials",
+        "[default]\naws_access_key_id = D\naws_secret_access_key = d\n"
+        "[a]\naws_access_key_id = A\naws_secret_access_key = a\n"
+        "[b]\naws_access_key_id = B\naws_secret_access_key = b\n");
   write(".aws/config", "[profile b]\nregion = eu-west-3\n");
   EXPECT_EQ(s3::resolve({}, false).access_key, "D");
   env_.set("AWS_PROFILE", std::string("a"));

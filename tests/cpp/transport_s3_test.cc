@@ -125,9 +125,10 @@ class S3CredentialsTest : public ::testing::Test {
       if (test::env_or_empty("TZ_REQUIRE_SERVERS") == "1") FAIL() << "TZ_TEST_S3_AUTH_* not set";
       GTEST_SKIP() << "TZ_TEST_S3_AUTH_* not set: run under scripts/with-servers.sh";
     }
-    for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                          "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-                          "AWS_REGION", "AWS_DEFAULT_REGION"})
+    for (const char* v :
+         {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+          "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+          "AWS_REGION", "AWS_DEFAULT_REGION"})
       env_.set(v, std::nullopt);
     env_.set("HOME", home_.path(""));
     fs::create_directories(home_.path(".aws"));
@@ -141,7 +142,8 @@ class S3CredentialsTest : public ::testing::Test {
     test::expect_fixture_loads(uri(), "module.tensors", t, 2);
   }
   // Expects an access error naming `source`, with no secret in the message.
-  void expect_denied(const TransportOptions& t, const std::string& source, const std::string& wrong_secret) {
+  void expect_denied(const TransportOptions& t, const std::string& source,
+                     const std::string& wrong_secret) {
     try {
       Reader::open(uri(), ReaderOptions{t});
       FAIL() << "no error";
@@ -151,7 +153,8 @@ class S3CredentialsTest : public ::testing::Test {
       EXPECT_NE(what.find("access denied"), std::string::npos) << what;
       EXPECT_NE(what.find(source), std::string::npos) << what;
       EXPECT_NE(what.find(uri()), std::string::npos) << what;
-      if (!wrong_secret.empty()) EXPECT_EQ(what.find(wrong_secret), std::string::npos) << "secret leaked: " << what;
+      if (!wrong_secret.empty())
+        EXPECT_EQ(what.find(wrong_secret), std::string::npos) << "secret leaked: " << what;
       EXPECT_EQ(what.find(secret_), std::string::npos) << "secret leaked: " << what;
     }
   }
@@ -213,22 +216,27 @@ TEST_F(S3CredentialsTest, EnvironmentVariables) {
 }
 
 TEST_F(S3CredentialsTest, SharedCredentialsFileProfile) {
-  write(home_.path(".aws/credentials"), "[default]\naws_access_key_id = nobody\naws_secret_access_key = x\n\n"
-                                        "[tz]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + secret_ + "\n");
+  write(home_.path(".aws/credentials"),
+        "[default]\naws_access_key_id = nobody\naws_secret_access_key = x\n\n"
+        "[tz]\naws_access_key_id = " +
+            key_ + "\naws_secret_access_key = " + secret_ + "\n");
   env_.set("AWS_PROFILE", std::string("tz"));
   env_.set("AWS_ENDPOINT_URL_S3", endpoint_);
   expect_works({});
-  write(home_.path(".aws/credentials"), "[tz]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + kWrong + "\n");
+  write(home_.path(".aws/credentials"),
+        "[tz]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + kWrong + "\n");
   expect_denied({}, "~/.aws/credentials (profile tz)", kWrong);
 }
 
 TEST_F(S3CredentialsTest, SharedCredentialsFileFromEnvironment) {
   const std::string path = home_.path("creds.ini");
-  write(path, "[default]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + secret_ + "\n");
+  write(path,
+        "[default]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + secret_ + "\n");
   env_.set("AWS_SHARED_CREDENTIALS_FILE", path);
   env_.set("AWS_ENDPOINT_URL", endpoint_);
   expect_works({});
-  write(path, "[default]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + kWrong + "\n");
+  write(path,
+        "[default]\naws_access_key_id = " + key_ + "\naws_secret_access_key = " + kWrong + "\n");
   expect_denied({}, path + " (profile default)", kWrong);
 }
 
@@ -260,7 +268,8 @@ TEST_F(S3CredentialsTest, ConfigFileFromEnvironment) {
 
 TEST_F(S3CredentialsTest, ExplicitArgumentsWinOverEveryFile) {
   write(home_.path(".s3cfg"), s3cfg(key_, kWrong, host()));
-  write(home_.path(".aws/credentials"), "[default]\naws_access_key_id = " + key_ + "\naws_secret_access_key = x\n");
+  write(home_.path(".aws/credentials"),
+        "[default]\naws_access_key_id = " + key_ + "\naws_secret_access_key = x\n");
   env_.set("AWS_ACCESS_KEY_ID", key_);
   env_.set("AWS_SECRET_ACCESS_KEY", std::string("x"));
   TransportOptions t;
@@ -276,7 +285,8 @@ TEST_F(S3CredentialsTest, AnonymousWhenNothingIsFound) {
   const std::string open_endpoint = test::env_or_empty("TZ_TEST_S3_ENDPOINT");
   const std::string open_bucket = test::env_or_empty("TZ_TEST_S3_BUCKET");
   env_.set("AWS_ENDPOINT_URL", open_endpoint);
-  test::expect_fixture_loads("s3://" + open_bucket + "/fixtures/module.tensors", "module.tensors", {}, 2);
+  test::expect_fixture_loads("s3://" + open_bucket + "/fixtures/module.tensors", "module.tensors",
+                             {}, 2);
   // ... and the signature-checking server refuses them, saying no credentials were found.
   env_.set("AWS_ENDPOINT_URL", endpoint_);
   expect_denied({}, "no credentials found (anonymous access)", "");

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
     options.verify_hash = true;
     uint64_t bytes = 0;
     for (const auto& t : tensorizer::load_to_host(*reader, all, options)) bytes += t.size;
-    std::printf("loaded %zu tensors, %llu bytes\n", all.size(), static_cast<unsigned long long>(bytes));
+    std::printf("loaded %zu tensors, %llu bytes\n", all.size(),
+                static_cast<unsigned long long>(bytes));
   } catch (const tensorizer::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
