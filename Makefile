@@ -6,7 +6,7 @@ PY         ?= python3
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := -G Ninja
 
-.PHONY: all deps build test test-cpp test-asan test-python demo bench fuzz clean
+.PHONY: all deps build lint format test test-cpp test-asan test-python demo bench fuzz clean
 
 all: build
 
@@ -16,6 +16,20 @@ deps:
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Formatting and lint checks (CI runs them before the tests): clang-format on every C++ file,
+# ruff check and ruff format on every Python file. `make format` rewrites the tree to conform.
+CXX_FILES = $(shell git ls-files '*.cc' '*.h')
+PY_DIRS   = python tests bench scripts
+
+lint: deps
+	clang-format --dry-run --Werror $(CXX_FILES)
+	$(PY) -m ruff check $(PY_DIRS)
+	$(PY) -m ruff format --check $(PY_DIRS)
+
+format: deps
+	clang-format -i $(CXX_FILES)
+	$(PY) -m ruff format $(PY_DIRS)
 
 # Every test: C++ (plain and under ASan+UBSan), then Python.
 test: test-cpp test-asan test-python

@@ -17,7 +17,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import report
+import report  # noqa: E402 (bench/ is put on the path first)
 
 # (label, system, child task, file key): the systems whose files are written by the save phase.
 SAVES = [
@@ -121,9 +121,9 @@ def main():
     size = int(args.size_gb * 1e9)
     paths = {k: os.path.join(args.data_dir, v) for k, v in FILES.items()}
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
-    skip = lambda label, system: (
-        (system == "ours" and args.no_ours) or (wanted and not any(w in label for w in wanted))
-    )
+
+    def skip(label, system):
+        return (system == "ours" and args.no_ours) or (wanted and not any(w in label for w in wanted))
 
     run = {
         "machine": report.machine(args.data_dir),

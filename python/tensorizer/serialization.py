@@ -420,7 +420,9 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:
-        _check_file_mode(file_obj, "read", 'TensorDeserializer\'s file_obj must be readable and in binary mode (mode="rb"')
+        _check_file_mode(
+            file_obj, "read", 'TensorDeserializer\'s file_obj must be readable and in binary mode (mode="rb"'
+        )
 
     def _close_source(self) -> None:
         with self._lock:

@@ -67,8 +67,9 @@ def test_mmap_detects_corruption(written):
         TensorDeserializer(str(path), device="cpu", mmap=True, verify_hash=True)
 
 
-@pytest.mark.parametrize("path,info", [f for f in fixture_files() if not f[1].get("encryption")],
-                         ids=lambda v: getattr(v, "name", ""))
+@pytest.mark.parametrize(
+    "path,info", [f for f in fixture_files() if not f[1].get("encryption")], ids=lambda v: getattr(v, "name", "")
+)
 def test_mmap_reference_files(path, info):
     """Reference files have unaligned data: those tensors fall back to the copy path."""
     with TensorDeserializer(str(path), device="cpu", mmap=True) as d:
