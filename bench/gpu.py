@@ -29,6 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import coldstart  # noqa: E402 (bench/ is put on the path first)
 
 # (label, system, task, file key)
 ROWS = [
@@ -192,15 +193,6 @@ def available(python=sys.executable):
     return p.stdout.strip() == "True"
 
 
-def _drop(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _run_child(python, task, path):
     env = dict(os.environ, RUNAI_STREAMER_LOG_LEVEL="WARNING")
     p = subprocess.run([python, __file__, "--child", task, "--file", path], capture_output=True, text=True, env=env)
@@ -229,7 +221,7 @@ def run(paths, python_for, expected=(), rounds=3):
             for label, system, task, key in order:
                 if state == "cold":
                     for f in files:
-                        _drop(f)
+                        coldstart.drop(f)
                 else:
                     subprocess.run(["cat", paths[key]], stdout=subprocess.DEVNULL, check=True)
                 print(f"  gpu round {rnd + 1}/{rounds} {state:4} {label} ...", flush=True)

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -85,24 +86,8 @@ class PyReader {
   // Loads entries[i] into addresses[i]; returns, per tensor, what its header said (TensorInfo).
   InfoList load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
                 int num_workers, bool verify_hash) {
-    if (indices.size() != addresses.size())
-      throw nb::value_error("indices and addresses differ in length");
-    std::vector<tensorizer::TensorDestination> dests;
-    dests.reserve(indices.size());
-    for (size_t k = 0; k < indices.size(); ++k)
-      dests.push_back({indices[k], reinterpret_cast<void*>(addresses[k])});
-    tensorizer::LoadOptions opt;
-    opt.num_workers = num_workers;
-    opt.verify_hash = verify_hash;
-    std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
-    Reader& r = get();
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      r.load(dests, opt);
-      for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
-    }
-    return info_list(infos);
+    return load_into(indices, addresses, num_workers, verify_hash,
+                     [](Reader& r, const auto& dests, const auto& opt) { r.load(dests, opt); });
   }
 
   // Loads entries[i] into addresses[i] through the staging ring (tensorizer/staged_load.h): device
@@ -111,28 +96,14 @@ class PyReader {
   InfoList load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
                        int device, int num_workers, bool verify_hash, uint64_t ring_bytes,
                        const std::string& cudart) {
-    if (indices.size() != addresses.size())
-      throw nb::value_error("indices and addresses differ in length");
-    std::vector<tensorizer::TensorDestination> dests;
-    dests.reserve(indices.size());
-    for (size_t k = 0; k < indices.size(); ++k)
-      dests.push_back({indices[k], reinterpret_cast<void*>(addresses[k])});
-    tensorizer::LoadOptions opt;
-    opt.num_workers = num_workers;
-    opt.verify_hash = verify_hash;
     tensorizer::StagingOptions staging;
     if (ring_bytes) staging.ring_bytes = ring_bytes;
-    std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
-    Reader& r = get();
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      auto backend = device < 0 ? tensorizer::host_copy_backend()
-                                : tensorizer::cuda_copy_backend(device, 4, cudart);
-      tensorizer::load_staged(r, dests, *backend, opt, staging);
-      for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
-    }
-    return info_list(infos);
+    return load_into(indices, addresses, num_workers, verify_hash,
+                     [&](Reader& r, const auto& dests, const auto& opt) {
+                       auto backend = device < 0 ? tensorizer::host_copy_backend()
+                                                 : tensorizer::cuda_copy_backend(device, 4, cudart);
+                       tensorizer::load_staged(r, dests, *backend, opt, staging);
+                     });
   }
 
   // Loads entries[i] into memory the engine owns, by the route `route` asks for ("auto", "map",
@@ -219,6 +190,32 @@ class PyReader {
 
  private:
   // Copies of the headers a load read, in request order (None where a tensor has none).
+  // Runs `run` (a load into caller memory) without the GIL for entries[i] -> addresses[i];
+  // returns copies of the headers it read, in request order.
+  using LoadFn = std::function<void(Reader&, const std::vector<tensorizer::TensorDestination>&,
+                                    const tensorizer::LoadOptions&)>;
+  InfoList load_into(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
+                     int num_workers, bool verify_hash, const LoadFn& run) {
+    if (indices.size() != addresses.size())
+      throw nb::value_error("indices and addresses differ in length");
+    std::vector<tensorizer::TensorDestination> dests;
+    dests.reserve(indices.size());
+    for (size_t k = 0; k < indices.size(); ++k)
+      dests.push_back({indices[k], reinterpret_cast<void*>(addresses[k])});
+    tensorizer::LoadOptions opt;
+    opt.num_workers = num_workers;
+    opt.verify_hash = verify_hash;
+    std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
+    Reader& r = get();
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      run(r, dests, opt);
+      for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
+    }
+    return info_list(infos);
+  }
+
   static InfoList info_list(const std::vector<const tensorizer::LoadedTensorInfo*>& infos) {
     InfoList out;
     out.reserve(infos.size());
