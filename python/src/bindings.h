@@ -4,6 +4,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <memory>
 #include <optional>
 
 #include "tensorizer/crypto.h"
@@ -19,6 +20,16 @@ void register_common(nb::module_& m);
 void register_reader(nb::module_& m);
 void register_writer(nb::module_& m);
 void register_source(nb::module_& m);
+
+// What a Python caller passes as "the file" (a path, URI, descriptor, file object, _C.Source or
+// stream) as an engine Source or Sink; python_io.cc says what each kind becomes.
+std::unique_ptr<tensorizer::Source> source_from_python(
+    nb::handle obj, const tensorizer::TransportOptions& transport);
+std::unique_ptr<tensorizer::Sink> sink_from_python(nb::handle obj,
+                                                   const tensorizer::TransportOptions& transport);
+// The engine Source behind a _C.Source, or behind an object whose `_engine_source` is one; null
+// for anything else.
+std::shared_ptr<tensorizer::Source> engine_source_of(nb::handle obj);
 
 // A Python path (str, or a tuple/list of str and non-negative int) as a TensorPath.
 tensorizer::TensorPath path_from_python(nb::handle obj);

@@ -1,5 +1,5 @@
-// `_C.Reader`: a .tensors reader for Python. Opens a path/URI (any transport the engine knows) or
-// bytes (file-like objects without a usable file descriptor), lists the index, and loads tensors
+// `_C.Reader`: a .tensors reader for Python. Opens whatever python_io.cc turns into a Source
+// (path, URI, descriptor, file object, stream), lists the index, and loads tensors
 // into memory the caller allocated (torch tensors) or the engine owns (load_host), with the GIL
 // released for the whole load.
 #include <nanobind/nanobind.h>
@@ -54,25 +54,19 @@ class PyReader {
 
   explicit PyReader(std::unique_ptr<Reader> r) : reader_(std::move(r)) {}
 
-  static PyReader* open(const std::string& uri, const tensorizer::TransportOptions& transport,
+  // `target`: anything source_from_python takes (path, URI, descriptor, file object, stream).
+  static PyReader* open(nb::handle target, const tensorizer::TransportOptions& transport,
                         nb::handle key, nb::handle passphrase) {
     tensorizer::ReaderOptions opt;
     opt.transport = transport;
     opt.decryption = decryption_from_python(key, passphrase);
+    std::unique_ptr<tensorizer::Source> source = source_from_python(target, transport);
     std::unique_ptr<Reader> r;
     {
       nb::gil_scoped_release release;
-      r = Reader::open(uri, opt);
+      r = Reader::open(std::move(source), opt);
     }
     return new PyReader(std::move(r));
-  }
-
-  static PyReader* from_bytes(nb::bytes data, const std::string& name, nb::handle key,
-                              nb::handle passphrase) {
-    tensorizer::ReaderOptions opt;
-    opt.decryption = decryption_from_python(key, passphrase);
-    auto bytes = std::make_shared<const std::string>(data.c_str(), data.size());
-    return new PyReader(Reader::open(tensorizer::make_memory_source(std::move(bytes), name), opt));
   }
 
   Reader& get() {
@@ -280,14 +274,26 @@ void register_reader(nb::module_& m) {
           },
           "the header bytes the stored hashes cover (zeroed hash values)");
 
+  nb::class_<tensorizer::NamedRange>(m, "NamedRange", "A named byte range of the file.")
+      .def_ro("name", &tensorizer::NamedRange::name,
+              "\"header\" (prelude and index) or the tensor's stored name")
+      .def_ro("offset", &tensorizer::NamedRange::offset)
+      .def_ro("size", &tensorizer::NamedRange::size)
+      .def("__repr__", [](const tensorizer::NamedRange& p) {
+        return "NamedRange(" + p.name + ", " + std::to_string(p.offset) + ", " +
+               std::to_string(p.size) + ")";
+      });
+
   nb::class_<PyReader>(m, "Reader")
-      .def_static("open", &PyReader::open, nb::arg("uri"), nb::arg("transport"),
+      .def_static("open", &PyReader::open, nb::arg("target"), nb::arg("transport"),
                   nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
-                  nb::rv_policy::take_ownership)
-      .def_static("from_bytes", &PyReader::from_bytes, nb::arg("data"), nb::arg("name"),
-                  nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
-                  nb::rv_policy::take_ownership)
+                  nb::rv_policy::take_ownership,
+                  "Opens a path, URI, file descriptor, binary file object or _C.Source.")
       .def("entries", &PyReader::entries)
+      .def(
+          "object_parts",
+          [](PyReader& r) { return tensorizer::object_parts(r.get().header(), r.get().entries()); },
+          "How the file is cut into separately stored values (the Redis layout), in order.")
       .def("load", &PyReader::load, nb::arg("indices"), nb::arg("addresses"),
            nb::arg("num_workers") = 0, nb::arg("verify_hash") = false)
       .def("load_staged", &PyReader::load_staged, nb::arg("indices"), nb::arg("addresses"),

@@ -1,6 +1,7 @@
 // `_C.Source` and `_C.upload_file`: the engine's transports as Python file-like building blocks
 // for tensorizer.stream_io (open_stream on http(s)://, s3://, redis:// URIs, and S3 uploads).
-// Reads land directly in the caller's buffer with the GIL released.
+// Reads land directly in the caller's buffer with the GIL released. A Reader opened over a
+// `_C.Source` (or a stream carrying one) shares it: nothing is resolved or probed again.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -36,22 +37,19 @@ class PySource {
  public:
   explicit PySource(std::unique_ptr<tensorizer::Source> s) : source_(std::move(s)) {}
 
-  static PySource* open(const std::string& uri, const tensorizer::TransportOptions& transport) {
-    std::unique_ptr<tensorizer::Source> s;
-    {
-      nb::gil_scoped_release release;
-      s = tensorizer::open_source(uri, transport);
-    }
-    return new PySource(std::move(s));
+  static PySource* open(nb::handle target, const tensorizer::TransportOptions& transport) {
+    return new PySource(source_from_python(target, transport));
   }
 
   tensorizer::Source& get() {
     if (!source_) throw nb::value_error("I/O operation on a closed stream");
     return *source_;
   }
+  const std::shared_ptr<tensorizer::Source>& shared() const { return source_; }
 
   // Reads min(len(buffer), size - offset) bytes at `offset` into `buffer`; returns the count.
   size_t read_into(uint64_t offset, nb::handle buffer) {
+    std::shared_ptr<tensorizer::Source> keep = source_;  // a concurrent close() cannot free it
     tensorizer::Source& s = get();
     WritableBuffer buf(buffer);
     size_t n = 0;
@@ -67,11 +65,12 @@ class PySource {
     return n;
   }
 
+  // Readers opened over this source keep it alive; closing drops only this handle.
   void close() { source_.reset(); }
   bool closed() const { return !source_; }
 
  private:
-  std::unique_ptr<tensorizer::Source> source_;
+  std::shared_ptr<tensorizer::Source> source_;
   std::mutex mu_;
 };
 
@@ -84,10 +83,25 @@ uint64_t upload_file(const std::string& path, const std::string& uri,
 
 }  // namespace
 
+std::shared_ptr<tensorizer::Source> engine_source_of(nb::handle obj) {
+  nb::handle h = obj;
+  nb::object attr;
+  if (!nb::isinstance<PySource>(h)) {
+    if (!nb::hasattr(obj, "_engine_source")) return nullptr;
+    attr = obj.attr("_engine_source");
+    if (!nb::isinstance<PySource>(attr)) return nullptr;
+    h = attr;
+  }
+  const std::shared_ptr<tensorizer::Source>& s = nb::cast<PySource&>(h).shared();
+  if (!s) throw nb::value_error("I/O operation on a closed stream");
+  return s;
+}
+
 void register_source(nb::module_& m) {
   nb::class_<PySource>(m, "Source")
-      .def_static("open", &PySource::open, nb::arg("uri"), nb::arg("transport"),
-                  nb::rv_policy::take_ownership)
+      .def_static("open", &PySource::open, nb::arg("target"), nb::arg("transport"),
+                  nb::rv_policy::take_ownership,
+                  "Opens a path, URI, file descriptor or binary file object for reading.")
       .def("read_into", &PySource::read_into, nb::arg("offset"), nb::arg("buffer"))
       .def("close", &PySource::close)
       .def_prop_ro("closed", &PySource::closed)

@@ -1,8 +1,6 @@
-// `_C.Writer`: writes batches of tensors from memory (torch/numpy data pointers) through the
-// engine's Writer with the GIL released. Targets: a path/URI (engine sinks: temporary file +
-// rename, uploads), or an open Python binary file object. For file objects, a Sink below writes
-// with pwrite(2) on the object's descriptor when it has one, else calls the object's seek/write
-// under the GIL (serialized by a mutex, taken before the GIL to keep one lock order).
+// `_C.Writer` and `_C.WriteRequest`: writes batches of tensors from memory (torch/numpy data
+// pointers) through the engine's Writer with the GIL released. Targets: whatever python_io.cc
+// turns into a Sink (a path/URI: temporary file + rename, uploads; a descriptor; a file object).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -23,86 +21,6 @@ namespace {
 
 using tensorizer::ErrorCode;
 
-class PyFileSink final : public tensorizer::Sink {
- public:
-  PyFileSink(nb::object file, int fd, std::string name)
-      : file_(std::move(file)), fd_(fd), name_(std::move(name)) {}
-
-  ~PyFileSink() override {
-    // The file object may be released from a thread without the GIL.
-    nb::gil_scoped_acquire gil;
-    file_.reset();
-  }
-
-  void write_gather(uint64_t offset, const tensorizer::IoSlice* slices, size_t count) override {
-    if (fd_ >= 0) {
-      for (size_t i = 0; i < count; ++i) {
-        write_fd(offset, static_cast<const char*>(slices[i].data), slices[i].size);
-        offset += slices[i].size;
-      }
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    nb::gil_scoped_acquire gil;
-    try {
-      for (size_t i = 0; i < count; ++i) {
-        write_py(offset, static_cast<char*>(slices[i].data), slices[i].size);
-        offset += slices[i].size;
-      }
-    } catch (const tensorizer::Error&) {
-      throw;
-    } catch (const std::exception& e) {  // a Python exception or a failed cast
-      tensorizer::fail(ErrorCode::kIO, "writing to '" + name_ + "' failed: " + e.what());
-    }
-  }
-
-  void commit() override {
-    if (fd_ >= 0) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    nb::gil_scoped_acquire gil;
-    if (nb::hasattr(file_, "flush")) file_.attr("flush")();
-  }
-  void abort() override {}
-  const std::string& uri() const override { return name_; }
-
- private:
-  void write_fd(uint64_t offset, const char* p, size_t n) {
-    while (n > 0) {
-      ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0)
-        tensorizer::fail(ErrorCode::kIO, "writing to '" + name_ + "' at offset " +
-                                             std::to_string(offset) +
-                                             " failed: " + std::strerror(w < 0 ? errno : EIO));
-      p += w;
-      n -= static_cast<size_t>(w);
-      offset += static_cast<uint64_t>(w);
-    }
-  }
-
-  void write_py(uint64_t offset, char* p, size_t n) {
-    file_.attr("seek")(offset);
-    while (n > 0) {
-      // A read-only memoryview over the engine's bytes: no copy into a Python object.
-      nb::object view =
-          nb::steal(PyMemoryView_FromMemory(p, static_cast<Py_ssize_t>(n), PyBUF_READ));
-      if (!view.is_valid()) throw nb::python_error();
-      nb::object r = file_.attr("write")(view);
-      size_t w = r.is_none() ? n : nb::cast<size_t>(r);
-      if (w == 0 || w > n)
-        tensorizer::fail(ErrorCode::kIO,
-                         "writing to '" + name_ + "': write() returned " + std::to_string(w));
-      p += w;
-      n -= w;
-    }
-  }
-
-  nb::object file_;
-  int fd_;
-  std::string name_;
-  std::mutex mu_;
-};
-
 class PyWriter {
  public:
   explicit PyWriter(std::unique_ptr<tensorizer::Writer> w) : writer_(std::move(w)) {}
@@ -116,22 +34,17 @@ class PyWriter {
     return opt;
   }
 
-  static PyWriter* open(const std::string& uri, const tensorizer::TransportOptions& transport,
+  // `target`: anything sink_from_python takes (path, URI, descriptor, binary file object).
+  static PyWriter* open(nb::handle target, const tensorizer::TransportOptions& transport,
                         nb::handle key, nb::handle kdf, int num_workers) {
     auto opt = options(&transport, key, kdf, num_workers);
+    std::unique_ptr<tensorizer::Sink> sink = sink_from_python(target, transport);
     std::unique_ptr<tensorizer::Writer> w;
     {
       nb::gil_scoped_release release;
-      w = tensorizer::Writer::open(uri, opt);
+      w = tensorizer::Writer::open(std::move(sink), opt);
     }
     return new PyWriter(std::move(w));
-  }
-
-  static PyWriter* to_file(nb::object file, int fd, const std::string& name, nb::handle key,
-                           nb::handle kdf, int num_workers) {
-    auto opt = options(nullptr, key, kdf, num_workers);
-    auto sink = std::make_unique<PyFileSink>(std::move(file), fd, name);
-    return new PyWriter(tensorizer::Writer::open(std::move(sink), opt));
   }
 
   tensorizer::Writer& get() {
@@ -139,27 +52,10 @@ class PyWriter {
     return *writer_;
   }
 
-  // requests: [(path, type, module_idx, dtype, shape, address, meta)]
-  void write(nb::list requests) {
+  void write(const std::vector<const tensorizer::WriteRequest*>& requests) {
     std::vector<tensorizer::WriteRequest> batch;
     batch.reserve(requests.size());
-    for (nb::handle h : requests) {
-      nb::tuple t = nb::cast<nb::tuple>(h);
-      if (t.size() != 7) throw nb::value_error("write request must have 7 fields");
-      tensorizer::WriteRequest r;
-      r.path = path_from_python(t[0]);
-      int type = nb::cast<int>(t[1]);
-      if (type < 0 || type > 2) throw nb::value_error("tensor type must be 0, 1 or 2");
-      r.type = static_cast<tensorizer::TensorType>(type);
-      int idx = nb::cast<int>(t[2]);
-      if (idx < 0 || idx > 0xffff) throw nb::value_error("module index must be in [0, 65535]");
-      r.module_idx = static_cast<uint16_t>(idx);
-      r.dtype = nb::cast<std::string>(t[3]);
-      r.shape = nb::cast<std::vector<uint64_t>>(t[4]);
-      r.data = reinterpret_cast<const void*>(nb::cast<uintptr_t>(t[5]));
-      r.meta = nb::cast<bool>(t[6]);
-      batch.push_back(std::move(r));
-    }
+    for (const tensorizer::WriteRequest* r : requests) batch.push_back(*r);
     tensorizer::Writer& w = get();
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mu_);
@@ -205,13 +101,41 @@ class PyWriter {
 }  // namespace
 
 void register_writer(nb::module_& m) {
+  using tensorizer::WriteRequest;
+  nb::class_<WriteRequest>(m, "WriteRequest", "One tensor to write: where it goes and its bytes.")
+      .def(
+          "__init__",
+          [](WriteRequest* r, nb::handle path, int type, int module_idx, std::string dtype,
+             std::vector<uint64_t> shape, uintptr_t address, bool meta) {
+            if (type < 0 || type > 2) throw nb::value_error("tensor type must be 0, 1 or 2");
+            if (module_idx < 0 || module_idx > 0xffff)
+              throw nb::value_error("module index must be in [0, 65535]");
+            new (r) WriteRequest{path_from_python(path),
+                                 static_cast<tensorizer::TensorType>(type),
+                                 static_cast<uint16_t>(module_idx),
+                                 std::move(dtype),
+                                 std::move(shape),
+                                 reinterpret_cast<const void*>(address),
+                                 meta};
+          },
+          nb::arg("path"), nb::arg("type"), nb::arg("module_idx"), nb::arg("dtype"),
+          nb::arg("shape"), nb::arg("address"), nb::arg("meta") = false,
+          "`address`: the C-contiguous bytes (the caller keeps them alive until write() returns); "
+          "`meta`: shape only, no data")
+      .def_prop_ro("path", [](const WriteRequest& r) { return path_to_python(r.path); })
+      .def_prop_ro("type", [](const WriteRequest& r) { return static_cast<int>(r.type); })
+      .def_ro("module_idx", &WriteRequest::module_idx)
+      .def_ro("dtype", &WriteRequest::dtype)
+      .def_ro("shape", &WriteRequest::shape)
+      .def_prop_ro("address",
+                   [](const WriteRequest& r) { return reinterpret_cast<uintptr_t>(r.data); })
+      .def_ro("meta", &WriteRequest::meta);
+
   nb::class_<PyWriter>(m, "Writer")
-      .def_static("open", &PyWriter::open, nb::arg("uri"), nb::arg("transport"),
+      .def_static("open", &PyWriter::open, nb::arg("target"), nb::arg("transport"),
                   nb::arg("key").none() = nb::none(), nb::arg("kdf").none() = nb::none(),
-                  nb::arg("num_workers") = 0, nb::rv_policy::take_ownership)
-      .def_static("to_file", &PyWriter::to_file, nb::arg("file"), nb::arg("fd"), nb::arg("name"),
-                  nb::arg("key").none() = nb::none(), nb::arg("kdf").none() = nb::none(),
-                  nb::arg("num_workers") = 0, nb::rv_policy::take_ownership)
+                  nb::arg("num_workers") = 0, nb::rv_policy::take_ownership,
+                  "Opens a path, URI, file descriptor or binary file object for writing.")
       .def("write", &PyWriter::write, nb::arg("requests"))
       .def("close", &PyWriter::close)
       .def("abort", &PyWriter::abort)

@@ -117,6 +117,8 @@ class _EngineStreamFile(io.RawIOBase):
         self.uri = uri
         self.transport_options = options
         self._source = _C.Source.open(uri, options)
+        # A TensorDeserializer over this stream shares the source (python/src/python_io.cc).
+        self._engine_source = self._source
         size = self._source.size
         self._end = size if end is None else min(end, size)
         self._pos = begin or 0

@@ -4,6 +4,7 @@ options (lazy_load, filter_func, dtype, num_readers, verify_hash, tree, read_* p
 
 import io
 import os
+import threading
 import warnings
 
 import numpy
@@ -294,6 +295,66 @@ def test_file_object_targets(tmp_path):
         pass
     with open(tmp_path / "r.tensors", "rb") as f, pytest.raises(ValueError):
         TensorSerializer(f)
+
+
+class CountingReader(io.RawIOBase):
+    """A seekable binary stream without a descriptor that records every read's size."""
+
+    def __init__(self, data: bytes, fail_after: int = -1):
+        self._inner, self.reads, self._fail_after = io.BytesIO(data), [], fail_after
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        return self._inner.seek(offset, whence)
+
+    def readinto(self, b):
+        if len(self.reads) == self._fail_after:
+            raise OSError("injected failure")
+        n = self._inner.readinto(b)
+        self.reads.append(n)
+        return n
+
+
+def test_file_object_without_descriptor_is_read_in_place(tmp_path):
+    """The engine reads a descriptor-less file object through its own readinto: a lazy load of
+    one tensor reads that tensor and the index, never the whole object."""
+    big = patterned(torch.float32, (1 << 20,), 3)  # 4 MiB, past the 512 KiB first read
+    small = patterned(torch.int16, (7,), 4)
+    write_sd(tmp_path / "f.tensors", {"big": big, "small": small})
+    data = (tmp_path / "f.tensors").read_bytes()
+    stream = CountingReader(data)
+    with TensorDeserializer(stream, lazy_load=True, verify_hash=True) as d:
+        assert same(d["small"], small)
+        assert sum(stream.reads) < len(data) // 4, stream.reads
+        assert same(d["big"], big)
+    assert stream.closed  # the deserializer closes a file object it was given
+    # A read that fails names the object and the offset.
+    failing = CountingReader(data, fail_after=2)
+    with pytest.raises(OSError, match=r"CountingReader.*injected failure"):
+        TensorDeserializer(failing)
+
+
+def test_pipe_is_read_whole(tmp_path):
+    """A stream that cannot seek (a pipe) still loads: the engine reads it once, in order."""
+    sd = {"a": patterned(torch.float16, (33,), 5)}
+    write_sd(tmp_path / "f.tensors", sd)
+    r, w = os.pipe()
+    data = (tmp_path / "f.tensors").read_bytes()
+
+    def feed():
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    with os.fdopen(r, "rb") as pipe, TensorDeserializer(pipe) as d:
+        assert same(d["a"], sd["a"])
+    feeder.join()
 
 
 def test_path_is_published_on_close_and_abort_keeps_old(tmp_path):
