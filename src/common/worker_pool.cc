@@ -61,6 +61,9 @@ int usable_cores() {
   return std::max(n, 1);
 }
 
-int default_workers(int requested) { return requested > 0 ? requested : usable_cores(); }
+int default_workers(int requested, int source_preferred) {
+  if (requested > 0) return requested;
+  return source_preferred > 0 ? source_preferred : usable_cores();
+}
 
 }  // namespace tensorizer

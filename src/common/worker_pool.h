@@ -20,7 +20,8 @@ void parallel_for_workers(size_t count, int workers,
 // in the public tensorizer/reader.h.
 int usable_cores();
 
-// The worker count for a request of `requested` (0: one per usable core).
-int default_workers(int requested);
+// The one rule for worker counts: `requested` when positive, else what the source serves best
+// (Source::preferred_readers(), when positive), else one per usable core.
+int default_workers(int requested, int source_preferred = 0);
 
 }  // namespace tensorizer

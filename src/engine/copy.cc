@@ -1,18 +1,21 @@
 // copy_object: streams one object from any Source to any Sink (tensorizer cp, to_redis).
 //
-// The object is cut into chunks (16 MiB, or the source's preferred read size) handed to `workers`
-// threads, each with its own clone of the source and one chunk buffer, writing at the same offsets
-// into the sink (which takes concurrent writes of disjoint ranges). Memory: workers x chunk,
-// whatever the object size.
-// The sink is committed only when every byte arrived; on any error it is aborted.
+// The object is cut into chunks (16 MiB, or the source's preferred read size) run on the worker
+// pool, each worker with its own clone of the source and one chunk buffer, writing at the same
+// offsets into the sink (which takes concurrent writes of disjoint ranges). Memory: workers x
+// chunk, whatever the object size. The calling thread is worker 0 and reports progress between its
+// chunks. The sink is committed only when every byte arrived; on any error it is aborted. A sink
+// that stores parts (Redis) is told them from the source's own index (object_parts).
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <memory>
-#include <mutex>
-#include <thread>
+#include <vector>
 
+#include "common/worker_pool.h"
 #include "tensorizer/error.h"
+#include "tensorizer/format.h"
+#include "tensorizer/reader.h"
 #include "tensorizer/transport.h"
 
 namespace tensorizer {
@@ -28,55 +31,34 @@ uint64_t copy_object(const std::string& src, const std::string& dst,
   try {
     sink->reserve(size);
     const uint64_t chunks = (size + chunk - 1) / chunk;
-    if (workers <= 0)
-      workers = source->preferred_readers() > 0 ? std::min(source->preferred_readers(), 8) : 4;
-    workers = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(workers, chunks)));
-    std::atomic<uint64_t> next{0}, done{0};
-    std::atomic<int> running{workers};
-    std::mutex mu;
-    std::condition_variable finished;
-    std::exception_ptr error;
-    auto work = [&](Source* s) {
-      std::unique_ptr<char[]> buf(
-          new char[static_cast<size_t>(std::min(chunk, std::max<uint64_t>(size, 1)))]);
-      for (;;) {
-        const uint64_t i = next.fetch_add(1);
-        if (i >= chunks) break;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (error) break;
-        }
-        try {
-          const uint64_t off = i * chunk, len = std::min(chunk, size - off);
-          s->read_at(off, buf.get(), static_cast<size_t>(len));
-          sink->write_at(off, buf.get(), static_cast<size_t>(len));
-          done += len;
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!error) error = std::current_exception();
-          break;
-        }
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (--running == 0) finished.notify_all();
-    };
+    workers = static_cast<int>(std::max<uint64_t>(
+        1, std::min<uint64_t>(default_workers(workers, source->preferred_readers()), chunks)));
+    const size_t buffer_bytes = static_cast<size_t>(std::min(chunk, std::max<uint64_t>(size, 1)));
     std::vector<std::unique_ptr<Source>> clones;
-    std::vector<std::thread> threads;
+    std::vector<std::unique_ptr<char[]>> buffers(static_cast<size_t>(workers));
     for (int i = 1; i < workers; ++i) clones.push_back(source->clone());
-    for (auto& c : clones) threads.emplace_back(work, c.get());
-    std::thread self(work, source.get());
-    // Progress from the calling thread while the workers run.
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mu);
-      if (finished.wait_for(lock, std::chrono::milliseconds(250),
-                            [&] { return running.load() == 0; }))
-        break;
-      lock.unlock();
-      if (progress) progress(done.load(), size);
+    std::atomic<uint64_t> done{0};
+    auto last_report = std::chrono::steady_clock::now();
+    parallel_for_workers(static_cast<size_t>(chunks), workers, [&](size_t i, int w) {
+      Source& s = w == 0 ? *source : *clones[static_cast<size_t>(w) - 1];
+      std::unique_ptr<char[]>& buf = buffers[static_cast<size_t>(w)];
+      if (!buf) buf.reset(new char[buffer_bytes]);
+      const uint64_t off = i * chunk, len = std::min(chunk, size - off);
+      s.read_at(off, buf.get(), static_cast<size_t>(len));
+      sink->write_at(off, buf.get(), static_cast<size_t>(len));
+      done += len;
+      const auto now = std::chrono::steady_clock::now();
+      if (w == 0 && progress && now - last_report >= std::chrono::milliseconds(250)) {
+        last_report = now;
+        progress(done.load(), size);
+      }
+    });
+    if (sink->wants_parts()) {
+      ReaderOptions inspect;
+      inspect.without_key = true;  // the parts are in the clear index, encrypted or not
+      std::unique_ptr<Reader> index = Reader::open(source->clone(), inspect);
+      sink->set_parts(object_parts(index->header(), index->entries()));
     }
-    self.join();
-    for (auto& t : threads) t.join();
-    if (error) std::rethrow_exception(error);
     sink->commit();
     if (progress) progress(size, size);
   } catch (...) {

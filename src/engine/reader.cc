@@ -206,8 +206,7 @@ class LoadJob {
       crypt_.reset(new CryptState[dests_.size()]);
     }
     items_ = engine::plan_reads(planned, plan);
-    int workers = opt_.num_workers > 0 ? opt_.num_workers : r_.source->preferred_readers();
-    if (workers <= 0) workers = usable_cores();
+    int workers = default_workers(opt_.num_workers, r_.source->preferred_readers());
     workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
     std::vector<std::unique_ptr<Source>> handles;  // one source per worker beyond the caller's
     for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
