@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tensorizer/named_range.h"
 #include "tensorizer/tensor_path.h"
 
 namespace tensorizer {
@@ -83,6 +84,11 @@ struct IndexEntry {
 // also a prefix, no mixed str/int keys at one level). Empty index is an error.
 std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const FileHeader& header,
                                     uint64_t file_size);
+// The parts of a file in the order a store of separate values keeps them (docs/format.md,
+// "Redis layout"): {"header", 0, 73 + index size}, then per tensor {name, header offset, header
+// size} and, when it stores data, {name, data offset, data length}.
+std::vector<NamedRange> object_parts(const FileHeader& header,
+                                     const std::vector<IndexEntry>& entries);
 // Appends one index entry (with its u32 version tag when `versioned`).
 void encode_index_entry(const IndexEntry& e, bool versioned, std::string& out);
 // Encoded size of one entry.

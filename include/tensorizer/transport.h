@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tensorizer/named_range.h"
+
 namespace tensorizer {
 
 // One destination (or origin) buffer of a scatter/gather transfer.
@@ -68,6 +70,10 @@ class Sink {
   // Discards everything written; the final location is left as it was. Safe to call twice.
   virtual void abort() = 0;
   virtual const std::string& uri() const = 0;
+  // Whether this sink stores the object as separate parts (Redis) and must be told them, with
+  // set_parts(), before commit(). Writers and copies do so (parts from object_parts()).
+  virtual bool wants_parts() const { return false; }
+  virtual void set_parts(std::vector<NamedRange> parts) { (void)parts; }
 
   void write_at(uint64_t offset, const void* data, size_t size) {
     IoSlice s{const_cast<void*>(data), size};

@@ -132,4 +132,16 @@ void encode_index_entry(const IndexEntry& e, bool versioned, std::string& out) {
   a.put<uint64_t>(e.data_length);
 }
 
+std::vector<NamedRange> object_parts(const FileHeader& header,
+                                     const std::vector<IndexEntry>& entries) {
+  std::vector<NamedRange> parts;
+  parts.reserve(1 + 2 * entries.size());
+  parts.push_back({"header", 0, kPreludeSize + header.index_size});
+  for (const IndexEntry& e : entries) {
+    parts.push_back({e.name, e.header_offset, e.header_size()});
+    if (e.data_length > 0) parts.push_back({e.name, e.data_offset, e.data_length});
+  }
+  return parts;
+}
+
 }  // namespace tensorizer

@@ -473,6 +473,7 @@ void Writer::close() {
       w.started = true;
     }
     w.sync();
+    if (w.sink->wants_parts()) w.sink->set_parts(object_parts(w.header, w.entries));
     w.sink->commit();
     w.closed = true;
   } catch (...) {

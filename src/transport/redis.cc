@@ -15,11 +15,12 @@
 // retried the same way, restarting the listing.
 //
 // Write side: the Writer patches offsets (data, then headers, then the index at 0), so the sink
-// stages the object in a temporary file. commit() parses the staged prelude+index with the codec,
-// streams every slice into a staging key `<prefix>.tz-staging-<random>:<n>` with sendfile(2)
-// (client memory stays bounded whatever the tensor size), then publishes in one MULTI/EXEC:
-// RENAME each staging key to its final name and DEL keys of an older object under the prefix.
-// abort() (or a failure) deletes the staging keys; the prefix keeps what it had.
+// stages the object in a temporary file. The writer (or copy) tells the sink the object's parts
+// (object_parts in the codec: the one place the format meets this key layout); the transport
+// parses nothing. commit() streams every part into a staging key `<prefix>.tz-staging-<random>:<n>`
+// with sendfile(2) (client memory stays bounded whatever the tensor size), then publishes in one
+// MULTI/EXEC: RENAME each staging key to its final name and DEL keys of an older object under the
+// prefix. abort() (or a failure) deletes the staging keys; the prefix keeps what it had.
 #include "transport/redis.h"
 
 #include <hiredis/hiredis.h>
@@ -37,7 +38,6 @@
 #include <unordered_set>
 
 #include "tensorizer/error.h"
-#include "tensorizer/format.h"
 #include "transport/curl_util.h"
 #include "transport/staging.h"
 
@@ -507,30 +507,27 @@ class RedisSink final : public Sink {
   }
 
   const std::string& uri() const override { return addr_.uri; }
+  bool wants_parts() const override { return true; }
+  void set_parts(std::vector<NamedRange> parts) override { parts_ = std::move(parts); }
 
  private:
-  // The keys of the reference layout, from the staged file's own prelude and index.
+  // The keys of the reference layout: `<prefix>:<part name>:<part offset>` for every part the
+  // writer or copy described (object_parts in the codec); this transport parses nothing.
   std::vector<std::pair<std::string, Slice>> layout() {
+    if (parts_.empty())
+      fail(ErrorCode::kInvalidArgument,
+           "'" + addr_.uri +
+               "': a Redis object is written by a tensorizer writer or copy, which "
+               "say how it is cut into keys; nothing did");
     const uint64_t size = staging_.size();
-    std::string head(std::min<uint64_t>(size, kPreludeSize), '\0');
-    staging_.read_at(0, head.data(), head.size());
-    FileHeader h = parse_file_header(reinterpret_cast<const uint8_t*>(head.data()), head.size());
-    const uint64_t index_end = kPreludeSize + h.index_size;
-    if (index_end > size)
-      fail(ErrorCode::kFormat, "'" + addr_.uri + "': the staged object is truncated");
-    head.resize(index_end);
-    staging_.read_at(kPreludeSize, head.data() + kPreludeSize, h.index_size);
     std::vector<std::pair<std::string, Slice>> plan;
-    plan.push_back({addr_.prefix + ":header:0", {0, index_end, ""}});
-    if (h.tensor_count == 0) return plan;
-    std::vector<IndexEntry> entries = parse_index(
-        reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize, h.index_size, h, size);
-    for (const auto& e : entries) {
-      const std::string base = addr_.prefix + ":" + e.name + ":";
+    for (const NamedRange& p : parts_) {
+      if (p.offset + p.size > size)
+        fail(ErrorCode::kFormat, "'" + addr_.uri + "': part '" + p.name + "' at offset " +
+                                     std::to_string(p.offset) + " ends past the staged " +
+                                     std::to_string(size) + " bytes");
       plan.push_back(
-          {base + std::to_string(e.header_offset), {e.header_offset, e.header_size(), ""}});
-      if (e.data_length > 0)
-        plan.push_back({base + std::to_string(e.data_offset), {e.data_offset, e.data_length, ""}});
+          {addr_.prefix + ":" + p.name + ":" + std::to_string(p.offset), {p.offset, p.size, ""}});
     }
     return plan;
   }
@@ -580,6 +577,7 @@ class RedisSink final : public Sink {
   TransportOptions options_;
   StagingFile staging_;
   std::vector<std::string> staged_;
+  std::vector<NamedRange> parts_;
   bool done_ = false;
 };
 

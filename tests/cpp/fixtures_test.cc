@@ -8,6 +8,7 @@
 
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
+#include "tensorizer/format.h"
 #include "tensorizer/reader.h"
 #include "test_util.h"
 
@@ -98,6 +99,30 @@ TEST(FixturesTest, ReaderListsEveryFileAsTheManifestSays) {
       data_total += e.data_length;
     }
     EXPECT_EQ(r->header().tensor_size, data_total);
+  }
+}
+
+// The parts a Redis store keeps (object_parts): the prelude and index, then each tensor's header
+// and data as the reference laid them out, which in its files tile the object up to the 8-byte
+// end marker.
+TEST(FixturesTest, ObjectPartsTileTheFile) {
+  for (const auto& name : test::all_fixtures()) {
+    SCOPED_TRACE(name);
+    auto r = open_fixture(name);
+    const std::vector<NamedRange> parts = object_parts(r->header(), r->entries());
+    ASSERT_FALSE(parts.empty());
+    EXPECT_EQ(parts[0].name, "header");
+    EXPECT_EQ(parts[0].offset, 0u);
+    EXPECT_EQ(parts[0].size, kPreludeSize + r->header().index_size);
+    uint64_t end = 0;
+    size_t data_parts = 0;
+    for (const NamedRange& p : parts) {
+      EXPECT_EQ(p.offset, end) << p.name;
+      end = p.offset + p.size;
+    }
+    for (const IndexEntry& e : r->entries()) data_parts += e.data_length > 0;
+    EXPECT_EQ(parts.size(), 1 + r->entries().size() + data_parts);
+    EXPECT_EQ(end + 8, r->source().size());
   }
 }
 
