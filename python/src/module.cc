@@ -11,6 +11,7 @@
 #include "bindings.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
+#include "tensorizer/format.h"
 #include "tensorizer/hash.h"
 #include "tensorizer/reader.h"
 
@@ -214,6 +215,15 @@ void register_common(nb::module_& m) {
       "(CRC32, SHA-256) over a hashable header followed by `nbytes` bytes at `address`.");
 
   m.def("usable_cores", &tensorizer::usable_cores);
+
+  // Format facts (docs/format.md), so Python restates none of them.
+  m.attr("MAGIC") = nb::bytes(tensorizer::kMagic, tensorizer::kMagicSize);
+  m.attr("PRELUDE_SIZE") = tensorizer::kPreludeSize;
+  m.attr("MAX_VERSION") = tensorizer::kMaxVersion;
+  m.attr("OPAQUE_VERSION") = tensorizer::kOpaqueVersion;
+  m.attr("ENCRYPTION_VERSION") = tensorizer::kEncryptionVersion;
+  m.attr("META_VERSION") = tensorizer::kMetaVersion;
+  m.attr("LONG_DIMS_VERSION") = tensorizer::kLongDimsVersion;
 
   // Transport options: every transport reads the fields that concern it.
   nb::class_<tensorizer::TransportOptions>(m, "TransportOptions")

@@ -196,9 +196,9 @@ def test_serializer_straight_to_redis():
 
 def chunked_source(tmp_path, monkeypatch):
     """A lazy deserializer over a file whose "big" tensor spans several to_redis pieces (1 MiB)."""
-    from tensorizer import serialization
+    from tensorizer import _redis_copy
 
-    monkeypatch.setattr(serialization, "REDIS_CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(_redis_copy, "REDIS_CHUNK_BYTES", 1 << 20)
     g = torch.Generator().manual_seed(11)
     sd = {
         "big": torch.randint(0, 255, ((5 << 20) + 123,), dtype=torch.uint8, generator=g),  # 6 pieces
@@ -296,3 +296,44 @@ def test_to_redis_failure_leaves_no_partial_or_temporary_key(tmp_path, monkeypat
     assert client.exists(f"{prefix}:big:{e.data_offset}") == 0
     assert client.exists(f"{prefix}:big:{e.offset}") == 0  # header written only after the data
     assert list(client.scan_iter(match=f"{prefix}.tz-staging-*")) == []
+
+
+def moto_log_lines(kind, key):
+    """The request lines moto's `kind` server ("open" or "auth") logged for object `key`."""
+    (servers,) = server_env("TZ_TEST_SERVERS_DIR")
+    log = os.path.join(servers, "s3", f"{kind}.log")
+    with open(log) as f:
+        return [line for line in f if f"/{key} HTTP" in line]
+
+
+def test_open_stream_then_load_probes_the_object_once(monkeypatch):
+    """open_stream resolves the credentials and probes the object; the deserializer over that
+    stream shares its engine source instead of opening the URI again: the signing server sees
+    the same requests as for a load by URI alone."""
+    endpoint, bucket, access, secret = server_env(
+        "TZ_TEST_S3_AUTH_ENDPOINT", "TZ_TEST_S3_AUTH_BUCKET", "TZ_TEST_S3_AUTH_ACCESS_KEY", "TZ_TEST_S3_AUTH_SECRET_KEY"
+    )
+    name = PLAIN[0]
+    key = f"{bucket}/fixtures/{name}"
+    uri = f"s3://{key}"
+
+    before = len(moto_log_lines("auth", key))
+    with stream_io.open_stream(
+        uri, s3_access_key_id=access, s3_secret_access_key=secret, s3_endpoint=endpoint, force_http=True
+    ) as stream:
+        with TensorDeserializer(stream, device="cpu", num_readers=1) as d:
+            expect_manifest(d, name)
+    through_stream = moto_log_lines("auth", key)[before:]
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", access)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    before = len(moto_log_lines("auth", key))
+    with TensorDeserializer(uri, device="cpu", num_readers=1) as d:
+        expect_manifest(d, name)
+    by_uri = moto_log_lines("auth", key)[before:]
+
+    methods = [line.split('"')[1].split()[0] for line in through_stream]
+    assert methods == [line.split('"')[1].split()[0] for line in by_uri], (through_stream, by_uri)
+    assert all(" 20" in line.split('"')[2][:4] for line in through_stream), through_stream  # 200/206
+    assert methods.count("HEAD") <= 1, through_stream
