@@ -296,7 +296,8 @@ std::unique_ptr<tensorizer::Source> source_from_python(
     return std::make_unique<SharedSource>(std::move(shared));
   if (nb::isinstance<nb::str>(obj)) return open_uri(nb::cast<std::string>(obj), transport);
   if (std::optional<std::string> path = fs_path(obj)) return open_uri(local_uri(*path), transport);
-  if (is_int(obj)) return open_uri("/proc/self/fd/" + std::to_string(nb::cast<int>(obj)), transport);
+  if (is_int(obj))
+    return open_uri("/proc/self/fd/" + std::to_string(nb::cast<int>(obj)), transport);
   const int fd = regular_fd(obj);
   if (fd >= 0) return open_uri(path_for_fd(obj, fd), transport);
   if (seekable(obj)) return std::make_unique<PyFileSource>(nb::borrow(obj), file_label(obj));

@@ -1,5 +1,5 @@
-// `_C.Source` and `_C.upload_file`: the engine's transports as Python file-like building blocks
-// for tensorizer.stream_io (open_stream on http(s)://, s3://, redis:// URIs, and S3 uploads).
+// `_C.Source`, `_C.Sink` and `_C.upload_file`: the engine's transports as Python file-like
+// building blocks for tensorizer.stream_io (open_stream on URIs for reading and writing, uploads).
 // Reads land directly in the caller's buffer with the GIL released. A Reader opened over a
 // `_C.Source` (or a stream carrying one) shares it: nothing is resolved or probed again.
 #include <nanobind/nanobind.h>
@@ -74,6 +74,60 @@ class PySource {
   std::mutex mu_;
 };
 
+// A Sink for a Python writable stream: writes at offsets (the GIL released), then commit() once.
+class PySink {
+ public:
+  static PySink* open(nb::handle target, const tensorizer::TransportOptions& transport) {
+    auto* s = new PySink();
+    s->sink_ = sink_from_python(target, transport);
+    return s;
+  }
+  ~PySink() {
+    if (sink_) {  // never committed: what was written is discarded
+      nb::gil_scoped_release release;
+      sink_->abort();
+    }
+  }
+
+  tensorizer::Sink& get() {
+    if (!sink_) throw nb::value_error("I/O operation on a closed stream");
+    return *sink_;
+  }
+
+  void write_at(uint64_t offset, nb::bytes data) {
+    tensorizer::Sink& s = get();
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    s.write_at(offset, data.c_str(), data.size());
+  }
+
+  // Publishes what was written (an upload, a rename); the sink is closed whatever happens.
+  void commit() {
+    std::unique_ptr<tensorizer::Sink> s = std::move(sink_);
+    if (!s) return;
+    nb::gil_scoped_release release;
+    try {
+      s->commit();
+    } catch (...) {
+      s->abort();
+      throw;
+    }
+  }
+
+  void abort() {
+    std::unique_ptr<tensorizer::Sink> s = std::move(sink_);
+    if (!s) return;
+    nb::gil_scoped_release release;
+    s->abort();
+  }
+
+  bool closed() const { return !sink_; }
+
+ private:
+  std::unique_ptr<tensorizer::Sink> sink_;
+  std::mutex mu_;
+};
+
 // Copies a local file to any sink URI (S3 upload, another path) with the engine's streaming copy.
 uint64_t upload_file(const std::string& path, const std::string& uri,
                      const tensorizer::TransportOptions& transport) {
@@ -113,6 +167,15 @@ void register_source(nb::module_& m) {
                    })
       .def_prop_ro("uri", [](PySource& s) { return s.get().uri(); })
       .def_prop_ro("bytes_read", [](PySource& s) { return s.get().bytes_read(); });
+  nb::class_<PySink>(m, "Sink")
+      .def_static("open", &PySink::open, nb::arg("target"), nb::arg("transport"),
+                  nb::rv_policy::take_ownership,
+                  "Opens a path, URI, file descriptor or binary file object for writing.")
+      .def("write_at", &PySink::write_at, nb::arg("offset"), nb::arg("data"))
+      .def("commit", &PySink::commit, "Publishes what was written; closes the sink.")
+      .def("abort", &PySink::abort, "Discards what was written; closes the sink.")
+      .def_prop_ro("closed", &PySink::closed)
+      .def_prop_ro("uri", [](PySink& s) { return s.get().uri(); });
   m.def("upload_file", &upload_file, nb::arg("path"), nb::arg("uri"), nb::arg("transport"),
         "Copies a local file to `uri` through the engine (e.g. an S3 upload); returns the bytes "
         "copied.");

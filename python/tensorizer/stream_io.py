@@ -10,9 +10,7 @@ uploaded by the engine when closed.
 
 import io
 import os
-import tempfile
 import typing
-import weakref
 from typing import Dict, Optional, Sequence, Union
 
 from . import _C
@@ -250,14 +248,55 @@ def s3_download(
     return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, _options=options)
 
 
-def _upload_on_close(temp_path: str, uri: str, options: "_C.TransportOptions") -> None:
-    try:
-        _C.upload_file(temp_path, uri, options)
-    finally:
-        try:
-            os.unlink(temp_path)
-        except OSError:
-            pass
+class _EngineSinkFile(io.RawIOBase):
+    """A write-only, seekable stream into one of the engine's sinks (an S3 upload staged by the
+    engine); what was written is published when the stream is closed."""
+
+    def __init__(self, uri: str, options: "_C.TransportOptions", mode: str):
+        super().__init__()
+        self._sink = _C.Sink.open(uri, options)
+        self._pos = 0
+        self.name = uri
+        self.mode = mode
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on a closed stream")
+        data = bytes(b)
+        self._sink.write_at(self._pos, data)
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        else:
+            raise io.UnsupportedOperation("seek relative to the end of a stream being uploaded")
+        if pos < 0:
+            raise ValueError("negative seek position")
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._sink.commit()
+            finally:
+                super().close()
 
 
 def open_stream(
@@ -279,7 +318,7 @@ def open_stream(
     """Opens a local path or a URI as a binary stream (spec §5.1).
 
     ``http(s)://`` and ``redis://``: mode ``rb`` only. ``s3://``: ``rb``, or ``wb``/``wb+``/
-    ``ab``/``ab+`` (a temporary file uploaded on close). Anything else is a local file (binary
+    ``ab``/``ab+`` (staged by the engine, uploaded on close). Anything else is a local file (binary
     modes only; parent directories are created for writing).
     """
     del s3_signature_version
@@ -312,21 +351,7 @@ def open_stream(
             force_http=force_http,
         )
         if "w" in mode or "a" in mode:
-            temp = tempfile.NamedTemporaryFile(mode="wb+", delete=False)
-            upload = weakref.finalize(temp, _upload_on_close, temp.name, path_uri, options)
-
-            class _S3UploadFile(temp.__class__):
-                def close(self):
-                    super().close()
-                    upload()
-
-                def __exit__(self, exc, value, tb):
-                    result = super().__exit__(exc, value, tb)
-                    self.close()
-                    return result
-
-            temp.__class__ = _S3UploadFile
-            return typing.cast(typing.BinaryIO, temp)
+            return typing.cast(typing.BinaryIO, _EngineSinkFile(path_uri, options, mode))
         return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, _options=options)
 
     if "b" not in normalized_mode:

@@ -337,3 +337,19 @@ def test_open_stream_then_load_probes_the_object_once(monkeypatch):
     assert methods == [line.split('"')[1].split()[0] for line in by_uri], (through_stream, by_uri)
     assert all(" 20" in line.split('"')[2][:4] for line in through_stream), through_stream  # 200/206
     assert methods.count("HEAD") <= 1, through_stream
+
+
+def test_open_stream_writes_s3_through_the_engine_sink():
+    """An s3:// write stream is the engine's S3 sink (staged by the engine, uploaded on close):
+    seeks and rewrites land where they were written."""
+    (bucket,) = server_env("TZ_TEST_S3_BUCKET")
+    uri = f"s3://{bucket}/py-{uuid.uuid4().hex}.bin"
+    with stream_io.open_stream(uri, "wb", **s3_open_kwargs()) as f:
+        assert not f.readable() and f.seekable()
+        assert f.write(b"hello world") == 11
+        f.seek(0)
+        f.write(b"J")
+        f.seek(11)
+        f.write(memoryview(b"!"))
+    with stream_io.open_stream(uri, **s3_open_kwargs()) as r:
+        assert r.read() == b"Jello world!"
