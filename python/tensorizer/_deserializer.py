@@ -407,6 +407,11 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             paths = paths[:num_tensors]
         return paths
 
+    def _next_page(self, filter_func, num_tensors: int, verify_hash) -> Tuple[List[TensorPath], Dict]:
+        """The next paths of read_tensors/read_numpy_arrays and their loaded tensors."""
+        paths = self._next_paths(filter_func, num_tensors)
+        return paths, (self._bulk_load(paths, verify_hash) if paths else {})
+
     def read_tensors(
         self,
         filter_func: Optional[FilterFuncType] = None,
@@ -418,10 +423,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         Repeated calls continue after the last tensor this method (or read_numpy_arrays)
         yielded, so ``num_tensors`` can page through a file.
         """
-        paths = self._next_paths(filter_func, num_tensors)
-        if not paths:
-            return
-        loaded = self._bulk_load(paths, verify_hash)
+        paths, loaded = self._next_page(filter_func, num_tensors, verify_hash)
         for path in paths:
             r = self._records[path]
             self._read_cursor = self._order[path]
@@ -442,10 +444,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         """
         if self._device.type != "cpu":
             raise RuntimeError("read_numpy_arrays is only valid when deserializing to the CPU")
-        paths = self._next_paths(filter_func, num_tensors)
-        if not paths:
-            return
-        loaded = self._bulk_load(paths, verify_hash)
+        paths, loaded = self._next_page(filter_func, num_tensors, verify_hash)
         for path in paths:
             r = self._records[path]
             tensor = loaded[path].detach()

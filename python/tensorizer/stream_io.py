@@ -103,6 +103,23 @@ def _transport_options(
     return options
 
 
+def _seek_target(pos: int, offset: int, whence: int, end: Optional[int]) -> int:
+    """The position a seek moves to; `end` None: the stream has no end to seek from yet."""
+    if whence == io.SEEK_SET:
+        target = offset
+    elif whence == io.SEEK_CUR:
+        target = pos + offset
+    elif whence == io.SEEK_END and end is not None:
+        target = end + offset
+    elif whence == io.SEEK_END:
+        raise io.UnsupportedOperation("seek relative to the end of a stream being written")
+    else:
+        raise ValueError(f"invalid whence ({whence})")
+    if target < 0:
+        raise ValueError("negative seek position")
+    return target
+
+
 class _EngineStreamFile(io.RawIOBase):
     """A read-only, seekable stream over one of the engine's transports."""
 
@@ -147,18 +164,8 @@ class _EngineStreamFile(io.RawIOBase):
         return n
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._end + offset
-        else:
-            raise ValueError(f"invalid whence ({whence})")
-        if pos < 0:
-            raise ValueError("negative seek position")
-        self._pos = pos
-        return pos
+        self._pos = _seek_target(self._pos, offset, whence, self._end)
+        return self._pos
 
     def tell(self) -> int:
         return self._pos
@@ -274,16 +281,8 @@ class _EngineSinkFile(io.RawIOBase):
         return len(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        else:
-            raise io.UnsupportedOperation("seek relative to the end of a stream being uploaded")
-        if pos < 0:
-            raise ValueError("negative seek position")
-        self._pos = pos
-        return pos
+        self._pos = _seek_target(self._pos, offset, whence, None)
+        return self._pos
 
     def tell(self) -> int:
         return self._pos
