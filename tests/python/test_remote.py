@@ -353,3 +353,21 @@ def test_open_stream_writes_s3_through_the_engine_sink():
         f.write(memoryview(b"!"))
     with stream_io.open_stream(uri, **s3_open_kwargs()) as r:
         assert r.read() == b"Jello world!"
+
+
+def test_redis_sink_without_parts_refuses_to_publish():
+    """The Redis sink stores the parts a tensorizer writer or copy tells it; bytes written to it
+    any other way are refused at commit with a clear error, and the prefix is left untouched."""
+    from tensorizer import _C
+
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    client = redis_client(url)
+    prefix = f"py-{uuid.uuid4().hex}"
+    client.set(f"{prefix}:header:0", b"kept")
+    sink = _C.Sink.open(f"{url}/{prefix}", _C.TransportOptions())
+    sink.write_at(0, b"not a tensors file")
+    with pytest.raises(ValueError, match="say how it is cut into keys"):
+        sink.commit()
+    assert sink.closed
+    assert sorted(client.scan_iter(match=f"{prefix}*")) == [f"{prefix}:header:0".encode()]
+    assert client.get(f"{prefix}:header:0") == b"kept"
