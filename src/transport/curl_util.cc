@@ -1,10 +1,13 @@
 // libcurl helpers shared by the HTTP(S) and S3 transports (see curl_util.h).
 #include "transport/curl_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -58,6 +61,24 @@ CurlEasy make_easy() {
   return CurlEasy(h);
 }
 
+std::string default_ca_file() {
+  for (const char* var : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) return v;
+  }
+  // libcurl's compiled-in bundle path is the building system's; a wheel runs on others.
+  static const std::string system_bundle = [] {
+    for (const char* p : {"/etc/ssl/certs/ca-certificates.crt",  // Debian, Ubuntu, Alpine, Arch
+                          "/etc/pki/tls/certs/ca-bundle.crt",    // RHEL, Fedora, Amazon Linux
+                          "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+                          "/etc/ssl/ca-bundle.pem",  // SUSE
+                          "/etc/ssl/cert.pem"})
+      if (::access(p, R_OK) == 0) return std::string(p);
+    return std::string();
+  }();
+  return system_bundle;
+}
+
 void prepare_request(CURL* h, const HttpTarget& target, const TransportOptions& options,
                      CurlHeaders& headers, const std::vector<std::string>& extra) {
   curl_easy_reset(h);  // keeps live connections and caches, drops per-request options
@@ -73,7 +94,8 @@ void prepare_request(CURL* h, const HttpTarget& target, const TransportOptions& 
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(options.stall_timeout_s)));
   }
-  if (!options.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options.ca_file.c_str());
+  const std::string ca_file = options.ca_file.empty() ? default_ca_file() : options.ca_file;
+  if (!ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, ca_file.c_str());
   if (!options.ca_path.empty()) curl_easy_setopt(h, CURLOPT_CAPATH, options.ca_path.c_str());
   if (options.allow_untrusted) {
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);

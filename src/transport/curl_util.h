@@ -55,6 +55,11 @@ class CurlHeaders {
 // A new easy handle (initialises libcurl once per process).
 CurlEasy make_easy();
 
+// The CA bundle when the caller gave none: $CURL_CA_BUNDLE, else $SSL_CERT_FILE (as the curl
+// tool and OpenSSL users expect), else the first system bundle found (Debian, RHEL, SUSE paths);
+// "" leaves libcurl's compiled-in default.
+std::string default_ca_file();
+
 // Resets `h` and applies what every request gets: TLS trust from `options`, connect timeout,
 // stall detection (LOW_SPEED over stall_timeout_s), keep-alive, user agent, identity encoding,
 // large receive buffer, and the target's signing. `headers` receives the target's headers plus

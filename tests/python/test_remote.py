@@ -74,6 +74,16 @@ def test_deserializer_over_https_with_ca_file(num_readers):
         expect_manifest(d, "dtypes.tensors")
 
 
+@pytest.mark.parametrize("variable", ["SSL_CERT_FILE", "CURL_CA_BUNDLE"])
+def test_https_trusts_the_ca_bundle_the_environment_names(monkeypatch, variable):
+    """As curl and OpenSSL users expect: $CURL_CA_BUNDLE or $SSL_CERT_FILE names the CA bundle."""
+    url, ca = server_env("TZ_TEST_HTTPS_URL", "TZ_TEST_CA_FILE")
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)  # it wins over SSL_CERT_FILE, as in curl
+    monkeypatch.setenv(variable, ca)
+    with TensorDeserializer(f"{url}/fixtures/dtypes.tensors", device="cpu") as d:
+        expect_manifest(d, "dtypes.tensors")
+
+
 def test_https_without_the_ca_fails():
     (url,) = server_env("TZ_TEST_HTTPS_URL")
     with pytest.raises(Exception) as err:
