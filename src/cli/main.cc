@@ -15,6 +15,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"tensorizer: inspect, verify and move .tensors files"};
+  app.set_version_flag("--version", TZ_VERSION);
   app.require_subcommand(1);
   tensorizer::cli::CommonOptions common;
   tensorizer::cli::register_inspect(app, common);

@@ -31,7 +31,7 @@ def test_public_names():
         "FilterFuncType",
     ):
         assert name in tensorizer.__all__ and hasattr(tensorizer, name)
-    assert tensorizer.__version__ == "2.12.1"
+    assert tensorizer.__version__ == "2.12.1.post1"
     from tensorizer.serialization import HashMismatchError, HashType, TensorEntry, TensorHash  # noqa: F401
 
     assert tensorizer.serialization.TENSORIZER_MAGIC == b"|TZR|"
