@@ -18,10 +18,7 @@
 namespace tensorizer {
 namespace {
 
-struct Sample {
-  std::string name;
-  std::string bytes;  // float32 data
-};
+using Sample = test::SampleTensor;  // float32 data
 
 // Tensors of sizes around the edges: larger than a direct read, odd, tiny, empty.
 std::vector<Sample> samples() {
@@ -39,18 +36,7 @@ std::vector<Sample> samples() {
 void write_samples(const std::string& path, const std::vector<Sample>& ts, bool aligned) {
   WriterOptions o;
   if (!aligned) o.alignment = o.large_alignment = 1;
-  auto w = Writer::open(path, o);
-  std::vector<WriteRequest> reqs;
-  for (const auto& t : ts) {
-    WriteRequest r;
-    r.path = TensorPath{t.name};
-    r.dtype = "<f4";
-    r.shape = {t.bytes.size() / 4};
-    r.data = t.bytes.data();
-    reqs.push_back(r);
-  }
-  w->write(reqs);
-  w->close();
+  test::write_sample_tensors(path, ts, "<f4", o);
 }
 
 void drop_page_cache(const std::string& path) {

@@ -32,11 +32,7 @@ std::string random_bytes(size_t n, uint32_t seed) {
   return s;
 }
 
-struct Sample {
-  std::string name;
-  std::string bytes;
-  bool meta = false;
-};
+using Sample = test::SampleTensor;
 
 // Many tensors around the edges: several larger than a slot, odd sizes, tiny, empty, meta.
 std::vector<Sample> samples() {
@@ -55,19 +51,7 @@ void write_samples(const std::string& path, const std::vector<Sample>& ts,
                    std::optional<EncryptionParams> encryption = std::nullopt) {
   WriterOptions o;
   o.encryption = std::move(encryption);
-  auto w = Writer::open(path, o);
-  std::vector<WriteRequest> reqs;
-  for (const auto& t : ts) {
-    WriteRequest r;
-    r.path = TensorPath{t.name};
-    r.dtype = "|u1";
-    r.shape = {t.bytes.size()};
-    r.data = t.bytes.data();
-    r.meta = t.meta;
-    reqs.push_back(r);
-  }
-  w->write(reqs);
-  w->close();
+  test::write_sample_tensors(path, ts, "|u1", o);
 }
 
 // A CopyBackend that counts staging memory around another one.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
 
@@ -38,6 +39,24 @@ std::vector<std::string> unencrypted_fixtures() {
   for (auto& [name, f] : manifest()["files"].items())
     if (!f.contains("encryption") || f["encryption"].is_null()) names.push_back(name);
   return names;
+}
+
+void write_sample_tensors(const std::string& path, const std::vector<SampleTensor>& tensors,
+                          const std::string& dtype, const WriterOptions& options) {
+  const uint64_t itemsize = parse_dtype(dtype).itemsize;
+  auto w = Writer::open(path, options);
+  std::vector<WriteRequest> reqs;
+  for (const auto& t : tensors) {
+    WriteRequest r;
+    r.path = TensorPath{t.name};
+    r.dtype = dtype;
+    r.shape = {t.bytes.size() / itemsize};
+    r.data = t.bytes.data();
+    r.meta = t.meta;
+    reqs.push_back(r);
+  }
+  w->write(reqs);
+  w->close();
 }
 
 std::string read_file(const std::string& path) {

@@ -13,6 +13,7 @@
 #include "tensorizer/reader.h"
 #include "tensorizer/tensor_path.h"
 #include "tensorizer/transport.h"
+#include "tensorizer/writer.h"
 
 namespace tensorizer::test {
 
@@ -21,6 +22,16 @@ std::string fixture_path(const std::string& name);
 const nlohmann::json& manifest();  // manifest.json of the fixtures
 std::vector<std::string> unencrypted_fixtures();
 std::vector<std::string> all_fixtures();
+
+// One tensor of a test file: its bytes, stored as `dtype` (item size from the dtype).
+struct SampleTensor {
+  std::string name;
+  std::string bytes;
+  bool meta = false;  // shape only: loads as zeros
+};
+// Writes `tensors` as 1-D tensors of `dtype` ("|u1", "<f4", ...) with the Writer.
+void write_sample_tensors(const std::string& path, const std::vector<SampleTensor>& tensors,
+                          const std::string& dtype, const WriterOptions& options = {});
 
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
