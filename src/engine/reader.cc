@@ -13,7 +13,7 @@
 #include "crypto/tensor_crypto.h"
 #include "engine/destinations.h"
 #include "engine/huge_pages.h"
-#include "engine/planner.h"
+#include "engine/read_planner.h"
 #include "engine/verify_tensor.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"

@@ -12,7 +12,7 @@
 #include "crypto/tensor_crypto.h"
 #include "engine/destinations.h"
 #include "engine/direct_io.h"
-#include "engine/planner.h"
+#include "engine/read_planner.h"
 #include "engine/verify_tensor.h"
 #include "tensorizer/error.h"
 

@@ -12,7 +12,7 @@
 #include "codec/path_rules.h"
 #include "common/worker_pool.h"
 #include "crypto/tensor_crypto.h"
-#include "tensorizer/dtype.h"
+#include "engine/write_planner.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
 
@@ -28,22 +28,30 @@ constexpr uint64_t kHashPieceBytes = 1ull << 20;
 constexpr uint64_t kWriteAlignBytes = 2ull << 20;
 // A worker that finds the file busy keeps hashing; past this many unwritten bytes it waits.
 constexpr uint64_t kMaxDeferredBytes = 8ull << 20;
-constexpr uint64_t kLongDim = uint64_t{1} << 32;
 constexpr uint64_t kSealTaskChunks = 4;  // encrypted writes: 2 MiB chunks per task (8 MiB)
 
-uint64_t round_up(uint64_t v, uint64_t m) { return m <= 1 ? v : (v + m - 1) / m * m; }
-
-// One tensor of a batch, laid out.
-struct Planned {
-  const WriteRequest* req;
-  IndexEntry entry;
-  EncodedTensorHeader header;
-};
+using Planned = engine::PlannedWrite;
 
 // Re-throws a failure of a parallel write naming the tensor and the sink.
 [[noreturn]] void throw_write_error(const Planned& p, const Sink& sink, const Error& err) {
   throw Error(err.code(), "writing tensor '" + display_path(p.entry.path).substr(0, 200) +
                               "' to '" + sink.uri() + "': " + err.what());
+}
+
+// The bytes a header's hashes cover before the data: hash values are still zero here; the
+// crypt-info field (u64 + body) is cut out (spec §1.6 step 3).
+std::string hashable_bytes(const EncodedTensorHeader& h) {
+  if (h.crypt_info_offset == std::string::npos) return h.bytes;
+  std::string out = h.bytes;
+  const uint64_t c = codec::load_le<uint64_t>(h.bytes.data() + h.crypt_info_offset - 8);
+  out.erase(h.crypt_info_offset - 8, 8 + c);
+  return out;
+}
+
+std::unique_ptr<TensorHasher> make_hasher(const EncodedTensorHeader& h) {
+  const bool crc = h.crc32_offset != std::string::npos, sha = h.sha256_offset != std::string::npos;
+  if (!crc && !sha) return nullptr;
+  return std::make_unique<TensorHasher>(crc, sha, hashable_bytes(h));
 }
 
 }  // namespace
@@ -59,11 +67,6 @@ struct Writer::Impl {
   bool closed = false;
   bool failed = false;
 
-  uint64_t index_bytes(bool versioned) const {
-    uint64_t n = 0;
-    for (const auto& e : entries) n += index_entry_size(e, versioned);
-    return n;
-  }
   crypto::NonceRegistry nonces;  // no (key, nonce) pair is used twice in this file
 
   void sync();
@@ -126,105 +129,17 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
   if (w.failed) fail(ErrorCode::kIO, "an earlier write to '" + w.sink->uri() + "' failed");
   if (tensors.empty()) return;
 
-  // 1. Validate everything and work out the version before touching the sink.
-  FileHeader next = w.header;
-  codec::PathRules trial_paths;  // names inside this batch
-  std::vector<Planned> batch;
-  batch.reserve(tensors.size());
-  for (const WriteRequest& r : tensors) {
-    Planned p{&r, {}, {}};
-    IndexEntry& e = p.entry;
-    e.path = r.path;
-    e.name = encode_path(r.path);
-    const std::string label = "tensor '" + display_path(r.path).substr(0, 200) + "'";
-    if (e.name.size() > 0xffff)
-      fail(ErrorCode::kInvalidArgument, label + ": name longer than 65535 bytes");
-    if (r.type != TensorType::kStateDict && !r.path.is_plain())
-      fail(ErrorCode::kInvalidArgument, label + ": structured names need tensor type STATE_DICT");
-    if (r.dtype.size() > 255) fail(ErrorCode::kInvalidArgument, label + ": dtype string too long");
-    if (r.shape.size() > 255)
-      fail(ErrorCode::kInvalidArgument, label + ": more than 255 dimensions");
-    DType dt;
-    try {
-      dt = parse_dtype(r.dtype);
-      if (dt.opaque()) torch_dtype_itemsize(dt.torch);  // a real, non-quantized torch dtype
-    } catch (const Error& err) {
-      fail(ErrorCode::kInvalidArgument, label + ": " + err.what());
-    }
-    w.paths.check(r.path, label, ErrorCode::kInvalidArgument);
-    trial_paths.add(r.path, label, ErrorCode::kInvalidArgument);
-    e.type = r.type;
-    e.dtype = r.dtype;
-    e.shape = r.shape;
-    const bool long_dims =
-        std::any_of(r.shape.begin(), r.shape.end(), [](uint64_t d) { return d >= kLongDim; });
-    e.entry_version = long_dims ? kLongDimsVersion : 1;
-    uint64_t bytes = 0;
-    uint64_t elements = 1;
-    bool overflow = false;
-    for (uint64_t d : r.shape) overflow |= __builtin_mul_overflow(elements, d, &elements);
-    if (overflow || __builtin_mul_overflow(elements, uint64_t{dt.itemsize}, &bytes))
-      fail(ErrorCode::kInvalidArgument, label + ": size overflows 64 bits");
-    e.data_length = r.meta ? 0 : bytes;
-    if (e.data_length > 0 && !r.data && !produce)
-      fail(ErrorCode::kInvalidArgument, label + ": no data");
-    next.version = std::max(next.version, dt.min_version());
-    if (r.meta && bytes > 0) next.version = std::max(next.version, kMetaVersion);
-    if (long_dims) {
-      next.version = std::max(next.version, kLongDimsVersion);
-      next.flags |= kFlagVersionedEntries;
-    }
-    batch.push_back(std::move(p));
-  }
+  // Validate and lay out everything before touching the sink.
+  engine::WritePlan plan =
+      engine::plan_writes(tensors, {w.header, w.entries, w.paths, w.started, w.cursor}, w.options,
+                          produce != nullptr, w.sink->uri());
+  std::vector<Planned>& batch = plan.tensors;
 
-  // 2. Lay out: index on first write, then headers and data back to back.
-  const bool versioned = next.versioned_entries();
-  uint64_t index_needed = w.index_bytes(versioned);
-  for (const auto& p : batch) index_needed += index_entry_size(p.entry, versioned);
-  if (!w.started) {
-    next.index_size =
-        std::max(w.options.index_reserve, round_up(index_needed + index_needed / 4, 4096));
-    w.cursor = kPreludeSize + next.index_size;
-  } else if (index_needed > next.index_size) {
-    fail(ErrorCode::kInvalidArgument,
-         "metadata overflow: the index of '" + w.sink->uri() + "' was sized to " +
-             std::to_string(next.index_size) + " bytes on the first write and " +
-             std::to_string(index_needed) +
-             " are needed; write all tensors in one call or raise WriterOptions::index_reserve");
-  }
-  uint64_t cursor = w.cursor;
-  for (auto& p : batch) {
-    IndexEntry& e = p.entry;
-    TensorHeaderFields f;
-    f.module_idx = p.req->module_idx;
-    f.type = e.type;
-    f.name = e.name;
-    f.dtype = e.dtype;
-    f.shape = &e.shape;
-    f.long_shape = e.long_shape();
-    f.crc32 = f.sha256 = w.options.hashes;
-    f.data_length = e.data_length;
-    if (w.options.encryption) {
-      // Sealed tensors carry SHA-256 only; meta and zero-length ones an empty CryptInfo (§3.8).
-      f.crypt_field = true;
-      f.crc32 = f.crc32 && e.data_length == 0;
-      f.crypt_info_size = e.data_length > 0 ? crypto::TensorEncryptor::crypt_info_size(
-                                                  *w.options.encryption, e.data_length)
-                                            : crypto::kEmptyCryptInfoSize;
-    }
-    const uint64_t align = e.data_length >= w.options.large_threshold ? w.options.large_alignment
-                                                                      : w.options.alignment;
-    p.header = encode_tensor_header(f, cursor, align);
-    e.header_offset = cursor;
-    e.data_offset = cursor + p.header.bytes.size();
-    cursor = e.data_offset + e.data_length;
-  }
-
-  // 3. Hash and write (parallel), then publish the new index and header.
+  // Hash and write (parallel), then publish the new index and header.
   try {
-    if (!w.started) w.sink->reserve(cursor + 8);
+    if (!w.started) w.sink->reserve(plan.end + 8);
     w.started = true;
-    w.header = next;
+    w.header = plan.header;
     if (produce)
       w.write_streamed_data(batch[0], *produce);
     else if (w.options.encryption)
@@ -237,7 +152,7 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
       w.entries.push_back(std::move(p.entry));
     }
     w.header.tensor_count = w.entries.size();
-    w.cursor = cursor;
+    w.cursor = plan.end;
     w.sync();
   } catch (...) {
     w.failed = true;
@@ -257,13 +172,9 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
   parallel_for(batch.size(), default_workers(options.num_workers), [&](size_t i) {
     Planned& p = batch[order[i]];
     try {
-      const auto* data = static_cast<const uint8_t*>(p.req->data);
+      const auto* data = static_cast<const uint8_t*>(p.request->data);
       const uint64_t len = p.entry.data_length;
-      EncodedTensorHeader& h = p.header;
-      const bool crc = h.crc32_offset != std::string::npos;
-      const bool sha = h.sha256_offset != std::string::npos;
-      std::unique_ptr<TensorHasher> hasher;
-      if (crc || sha) hasher = std::make_unique<TensorHasher>(crc, sha, h.bytes);
+      std::unique_ptr<TensorHasher> hasher = make_hasher(p.header);
       // Hash pieces end at 1 MiB file offsets; writes gather them up to 2 MiB file boundaries.
       // One worker writes at a time (the kernel's file lock would have the other spin): a
       // worker that finds the file busy hashes on and writes the longer run later.
@@ -280,38 +191,13 @@ void Writer::Impl::write_tensors(std::vector<Planned>& batch) {
         sink->write_at(base + written, data + written, off - written);
         written = off;
       }
-      if (hasher) {
-        hasher->finish();
-        if (crc) codec::store_le<uint32_t>(h.bytes.data() + h.crc32_offset, hasher->crc32());
-        if (sha) std::memcpy(h.bytes.data() + h.sha256_offset, hasher->sha256().data(), 32);
-      }
       std::lock_guard<std::mutex> lock(file_mu);
-      sink->write_at(p.entry.header_offset, h.bytes.data(), h.bytes.size());
+      finish_header(p, hasher.get(), nullptr);
     } catch (const Error& err) {
       throw_write_error(p, *sink, err);
     }
   });
 }
-
-namespace {
-
-// The bytes a header's hashes cover before the data: hash values are still zero here; the
-// crypt-info field (u64 + body) is cut out (spec §1.6 step 3).
-std::string hashable_bytes(const EncodedTensorHeader& h) {
-  if (h.crypt_info_offset == std::string::npos) return h.bytes;
-  std::string out = h.bytes;
-  const uint64_t c = codec::load_le<uint64_t>(h.bytes.data() + h.crypt_info_offset - 8);
-  out.erase(h.crypt_info_offset - 8, 8 + c);
-  return out;
-}
-
-std::unique_ptr<TensorHasher> make_hasher(const EncodedTensorHeader& h) {
-  const bool crc = h.crc32_offset != std::string::npos, sha = h.sha256_offset != std::string::npos;
-  if (!crc && !sha) return nullptr;
-  return std::make_unique<TensorHasher>(crc, sha, hashable_bytes(h));
-}
-
-}  // namespace
 
 // Patches the hash values and the CryptInfo into the header, then writes it.
 void Writer::Impl::finish_header(Planned& p, TensorHasher* hasher,
@@ -376,7 +262,7 @@ void Writer::Impl::write_encrypted(std::vector<Planned>& batch) {
     Planned& p = batch[task.tensor];
     Job& job = jobs[task.tensor];
     try {
-      const auto* src = static_cast<const uint8_t*>(p.req->data);
+      const auto* src = static_cast<const uint8_t*>(p.request->data);
       const uint64_t len = p.entry.data_length;
       if (task.hash && task.chunks == 0 && job.hasher && len > 0) job.hasher->update(src, len);
       for (uint64_t c = task.first; c < task.first + task.chunks; ++c) {

@@ -1,5 +1,5 @@
-// Load planner implementation (see planner.h). Pure: no I/O.
-#include "engine/planner.h"
+// Load planner implementation (see read_planner.h). Pure: no I/O.
+#include "engine/read_planner.h"
 
 #include <algorithm>
 

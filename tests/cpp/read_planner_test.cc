@@ -1,7 +1,7 @@
 // Load planner properties: every requested byte (headers and data) is covered exactly once, in
 // order; each item is one contiguous range; only splittable tensors are split, on granularity
 // boundaries; items respect max_segments and stay near the target size.
-#include "engine/planner.h"
+#include "engine/read_planner.h"
 
 #include <gtest/gtest.h>
 
