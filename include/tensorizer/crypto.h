@@ -1,4 +1,5 @@
-// tensorizer/crypto.h — keys for weight encryption (spec §3), interoperable with tensorizer.
+// tensorizer/crypto.h — keys for weight encryption (docs/format.md §3), interoperable with
+// tensorizer.
 //
 // Tensor data is sealed with libsodium's XSalsa20-Poly1305 secretbox in 2 MiB chunks. A key is
 // either 32 exact bytes or derived from a passphrase with Argon2id; in the latter case the
@@ -15,7 +16,8 @@ namespace tensorizer {
 
 using Key = std::array<uint8_t, 32>;
 
-// Argon2id cost presets of EncryptionParams.from_string (libsodium 1.0.18 values, spec §3.2).
+// Argon2id cost presets of EncryptionParams.from_string (libsodium 1.0.18 values, docs/format.md
+// §3.2).
 struct OpsLimit {
   static constexpr uint64_t kMin = 1, kInteractive = 2, kModerate = 3, kSensitive = 4;
 };

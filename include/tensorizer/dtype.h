@@ -1,4 +1,4 @@
-// tensorizer/dtype.h — dtype strings as stored in .tensors files (spec §1.9).
+// tensorizer/dtype.h — dtype strings as stored in .tensors files (docs/format.md §1.9).
 //
 // A dtype string is a numpy array-interface type string ("<f4", "|u1"), or, from data version 2,
 // an opaque form: numpy part with kind 'V', a NUL, and a torch dtype name ("<V2\0torch.bfloat16").

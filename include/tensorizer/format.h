@@ -1,4 +1,5 @@
-// tensorizer/format.h — the .tensors codec: file header, index, per-tensor headers (spec §1).
+// tensorizer/format.h — the .tensors codec: file header, index, per-tensor headers (docs/format.md
+// §1).
 //
 // Pure functions over byte buffers: nothing here opens a file or a socket. Every parser checks
 // each length and offset against the bytes it was given (and, for the index, the file size), so
@@ -41,7 +42,8 @@ struct FileHeader {
   uint64_t tensor_count = 0;
   uint64_t index_size = 0;  // M: bytes of the index block at offset 73
 
-  // "Header has crypt info" (spec §1.3): every per-tensor header carries a crypt-info field.
+  // "Header has crypt info" (docs/format.md §1.3): every per-tensor header carries a crypt-info
+  // field.
   bool has_crypt_info() const {
     return version == kEncryptionVersion || (version >= kMetaVersion && (flags & kFlagEncrypted));
   }
@@ -80,12 +82,12 @@ struct IndexEntry {
 
 // Parses `header.tensor_count` entries from the index block (`size` bytes available, which may be
 // fewer than header.index_size). Validates dtype strings, sizes against the dtype and shape,
-// offsets against `file_size`, and the path rules of spec §2.2 (no duplicates, no leaf that is
-// also a prefix, no mixed str/int keys at one level). Empty index is an error.
+// offsets against `file_size`, and the path rules of docs/format.md §2.2 (no duplicates, no leaf
+// that is also a prefix, no mixed str/int keys at one level). Empty index is an error.
 std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const FileHeader& header,
                                     uint64_t file_size);
-// The parts of a file in the order a store of separate values keeps them (docs/format.md,
-// "Redis layout"): {"header", 0, 73 + index size}, then per tensor {name, header offset, header
+// The parts of a file in the order a store of separate values keeps them (docs/format.md §4,
+// Redis key layout): {"header", 0, 73 + index size}, then per tensor {name, header offset, header
 // size} and, when it stores data, {name, data offset, data length}.
 std::vector<NamedRange> object_parts(const FileHeader& header,
                                      const std::vector<IndexEntry>& entries);
@@ -126,8 +128,8 @@ TensorHeader parse_tensor_header(const uint8_t* data, size_t size, bool has_cryp
 // Checks the header agrees with its index entry (name, type, dtype, shape, data length).
 void check_header_matches_entry(const TensorHeader& h, const IndexEntry& e);
 
-// The bytes a tensor's hashes cover before its data (spec §1.6): the header with every hash value
-// zeroed and the crypt-info field (u64 + body) cut out.
+// The bytes a tensor's hashes cover before its data (docs/format.md §1.6): the header with every
+// hash value zeroed and the crypt-info field (u64 + body) cut out.
 std::string hashable_header(const uint8_t* data, size_t size, const TensorHeader& h);
 
 // Layout of a header being written: bytes with zeroed hash values plus where to patch them.

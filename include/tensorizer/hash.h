@@ -1,4 +1,4 @@
-// tensorizer/hash.h — the two integrity hashes of the format (spec §1.6).
+// tensorizer/hash.h — the two integrity hashes of the format (docs/format.md §1.6).
 //
 // CRC-32 is zlib's (CRC-32/ISO-HDLC), computed with ISA-L's carry-less-multiply kernels; SHA-256
 // comes from OpenSSL (SHA-NI where the CPU has it). TensorHasher computes whatever a header asks

@@ -1,4 +1,4 @@
-// tensorizer/tensor_path.h — tensor names as paths (spec §2).
+// tensorizer/tensor_path.h — tensor names as paths (docs/format.md §2).
 //
 // A tensor's name is a non-empty sequence of components, each a string (mapping key) or a
 // non-negative integer (list index). One string component is stored as its raw UTF-8 bytes;
@@ -32,7 +32,7 @@ struct TensorPath {
 };
 
 // The on-disk name bytes. Throws kInvalidArgument for an empty path, an empty plain name, or a
-// plain name starting with 0x1E (those write but could never be read back, spec §2.1).
+// plain name starting with 0x1E (those write but could never be read back, docs/format.md §2.1).
 std::string encode_path(const TensorPath& path);
 
 // Parses on-disk name bytes. Throws kFormat for an empty name or malformed structured JSON.

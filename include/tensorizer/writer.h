@@ -1,7 +1,7 @@
 // tensorizer/writer.h — write tensors from memory into a .tensors object.
 //
-// Files are readable by tensorizer 2.11+: the lowest data version that fits (spec §1.3), CRC32 and
-// SHA-256 per tensor exactly as the reference hashes them. Layout choices (README "Format
+// Files are readable by tensorizer 2.11+: the lowest data version that fits (docs/format.md §1.3),
+// CRC32 and SHA-256 per tensor exactly as the reference hashes them. Layout choices (README "Format
 // decisions"): the index is sized on the first write to fit that batch (at least the reference's
 // 256 KiB, so later single-tensor writes still fit), and tensor data starts on a 64-byte boundary
 // (4096 for tensors of 1 MiB or more) using the filler bytes the format allows in headers.
@@ -37,8 +37,8 @@ struct WriteRequest {
 
 struct WriterOptions {
   TransportOptions transport;
-  // Seal tensor data (spec §3): data version 3 (4 + flag with meta tensors), 2 MiB chunks,
-  // sealed on all cores into staging buffers; the caller's memory is never modified.
+  // Seal tensor data (docs/format.md §3): data version 3 (4 + flag with meta tensors), 2 MiB
+  // chunks, sealed on all cores into staging buffers; the caller's memory is never modified.
   std::optional<EncryptionParams> encryption;
   uint64_t index_reserve = kReferenceIndexSize;  // minimum index bytes reserved on first write
   uint64_t alignment = 64;                       // data alignment for small tensors (1 = none)

@@ -51,7 +51,7 @@ FilterFuncType = Callable[[Union[str, Sequence[Union[str, int]]]], Any]
 
 
 def _resolve_cuda_device() -> torch.device:
-    """The contextually active CUDA device (spec §4.9), without initialising CUDA needlessly."""
+    """The contextually active CUDA device (docs/reference-api.md §4.9), without initialising CUDA needlessly."""
     try:
         mode = torch.overrides._get_current_function_mode()  # torch.device(...) context
         ctx = getattr(mode, "device", None)
@@ -582,7 +582,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         return self._cache_status
 
     def to_redis(self, redis_client, key_prefix: str, force: bool = False) -> None:
-        """Copies the file into Redis keys the way tensorizer lays them out (spec §5.6).
+        """Copies the file into Redis keys the way tensorizer lays them out (docs/format.md §4).
 
         Uses the given redis-py client (its auth, database and TLS apply); the keys are the
         engine's object_parts, as its Redis sink writes them. Without `force`, tensors whose header

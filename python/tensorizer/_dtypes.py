@@ -1,4 +1,4 @@
-"""torch dtypes <-> the dtype strings stored in .tensors files (spec §1.9).
+"""torch dtypes <-> the dtype strings stored in .tensors files (docs/format.md §1.9).
 
 The table itself lives in the C++ engine (tensorizer/dtype.h); this module caches lookups and
 maps names to ``torch.dtype`` objects. No I/O here.

@@ -185,7 +185,7 @@ class TensorSerializer:
         *,
         include_non_persistent_buffers: bool = True,
     ) -> None:
-        """Writes every parameter and buffer of `m` in one batch (names per spec §1.11).
+        """Writes every parameter and buffer of `m` in one batch (names per docs/format.md §1.11).
 
         Args:
             remove_tensors: afterwards, set each written attribute to None.
@@ -215,7 +215,7 @@ class TensorSerializer:
         return written
 
     def write_state_dict(self, state_dict: Union[Dict, List, Tuple]) -> None:
-        """Writes a (possibly nested) dict/list of tensors; keys become paths (spec §2.2)."""
+        """Writes a (possibly nested) dict/list of tensors; keys become paths (docs/format.md §2.2)."""
         with _gc_paused():
             requests = [
                 _tensor_request(path.normalize_() if path.is_str_ else tuple(path), TensorType.STATE_DICT, 0, tensor)

@@ -1,4 +1,4 @@
-"""Tensor names as paths (spec §2): flattening nested state dicts, the key tree, and rebuilding.
+"""Tensor names as paths (docs/format.md §2): flattening nested state dicts, the key tree, and rebuilding.
 
 A path is a tuple of components, each a ``str`` (mapping key) or a non-negative ``int`` (list
 index). Encoding to and from bytes is done by the C++ engine; this module only handles the
@@ -27,7 +27,7 @@ class TensorPath(tuple):
         return self[0] if self.is_str_ else tuple(self)
 
     def serialized_(self) -> bytes:
-        """The on-disk name bytes (spec §2.1)."""
+        """The on-disk name bytes (docs/format.md §2.1)."""
         if self.is_str_:
             return self[0].encode("utf-8")
         return b"\x1e" + json.dumps(list(self), ensure_ascii=True, separators=(",", ":")).encode("ascii")
@@ -63,7 +63,7 @@ def _children(obj: Any) -> Iterator[Tuple[PathComponent, Any]]:
 
 
 def flatten_structure(leaf_type: type, obj: Any) -> Iterator[Tuple[TensorPath, Any]]:
-    """Depth-first (path, leaf) pairs of nested mappings (str keys) and sequences (spec §2.2)."""
+    """Depth-first (path, leaf) pairs of nested mappings (str keys) and sequences (docs/format.md §2.2)."""
     stack: List[Tuple[Tuple[PathComponent, ...], Iterator]] = [((), _children(obj))]
     while stack:
         prefix, it = stack[-1]
@@ -102,7 +102,7 @@ def prune_tree(tree: Dict[PathComponent, Any], keep: Callable[[TensorPath], bool
 
 
 def restructure(flat: Mapping[TensorPath, Any], use_proxies: bool = False) -> Any:
-    """Rebuilds nested objects from {path: leaf} (spec §2.3).
+    """Rebuilds nested objects from {path: leaf} (docs/format.md §2.3).
 
     With `use_proxies`, every level is a read-only mapping (int keys for lists). Otherwise a
     level with int keys becomes a list ordered by index (gaps closed up), one with str keys a

@@ -1,4 +1,4 @@
-"""tensorizer as a backend for ``torch.save`` / ``torch.load`` (spec §6.7).
+"""tensorizer as a backend for ``torch.save`` / ``torch.load`` (docs/reference-api.md §6.7).
 
 Inside ``tensorizer_saving()``, ``torch.save(obj, f)`` pickles `obj` as usual except that every
 tensor storage with data becomes a persistent id ``("TensorizerPickler", 0, "storage", i,

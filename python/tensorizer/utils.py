@@ -1,4 +1,4 @@
-"""Helpers of the reference API (spec §6.6): byte formatting, devices, memory usage, and
+"""Helpers of the reference API (docs/reference-api.md §6.6): byte formatting, devices, memory usage, and
 ``no_init_or_tensor`` for building models without allocating or initialising their weights."""
 
 import contextlib

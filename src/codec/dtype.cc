@@ -1,4 +1,4 @@
-// dtype string parsing and the torch <-> numpy dtype table (spec §1.9). Pure: no I/O.
+// dtype string parsing and the torch <-> numpy dtype table (docs/format.md §1.9). Pure: no I/O.
 #include "tensorizer/dtype.h"
 
 #include "tensorizer/error.h"

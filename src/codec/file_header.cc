@@ -1,4 +1,4 @@
-// File header codec (spec §1.2, §1.3). Pure: no I/O.
+// File header codec (docs/format.md §1.2, §1.3). Pure: no I/O.
 #include <cstring>
 
 #include "codec/bytes.h"

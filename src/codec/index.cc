@@ -1,4 +1,4 @@
-// Index (metadata block) codec and the path rules of spec §1.4 and §2.2. Pure: no I/O.
+// Index (metadata block) codec and the path rules of docs/format.md §1.4 and §2.2. Pure: no I/O.
 #include "codec/bytes.h"
 #include "codec/path_rules.h"
 #include "tensorizer/dtype.h"

@@ -1,4 +1,4 @@
-// Path rules of spec §2.2, shared by the index parser and the writer. Pure: no I/O.
+// Path rules of docs/format.md §2.2, shared by the index parser and the writer. Pure: no I/O.
 //
 // A prefix tree that rejects the same path twice, a path that is both a tensor and a prefix of
 // another, and string and integer keys mixed at one level.

@@ -1,4 +1,5 @@
-// Per-tensor header codec and the exact bytes its hashes cover (spec §1.5, §1.6). Pure: no I/O.
+// Per-tensor header codec and the exact bytes its hashes cover (docs/format.md §1.5, §1.6). Pure:
+// no I/O.
 #include "codec/bytes.h"
 #include "tensorizer/format.h"
 

@@ -1,4 +1,4 @@
-// Encoding and decoding of tensor paths (spec §2.1). Pure: no I/O.
+// Encoding and decoding of tensor paths (docs/format.md §2.1). Pure: no I/O.
 #include "tensorizer/tensor_path.h"
 
 #include <cstdio>

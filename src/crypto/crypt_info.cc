@@ -1,4 +1,5 @@
-// CryptInfo codec (spec §3.5). Pure: no I/O, no cryptography; every read is bounds-checked.
+// CryptInfo codec (docs/format.md §3.5). Pure: no I/O, no cryptography; every read is
+// bounds-checked.
 #include "crypto/crypt_info.h"
 
 #include <cstring>

@@ -1,5 +1,6 @@
 // CryptInfo: the per-tensor encryption record carried in each header of an encrypted file
-// (spec §3.5). Pure codec: bytes in, structure out, and the reverse; no I/O, no cryptography.
+// (docs/format.md §3.5). Pure codec: bytes in, structure out, and the reverse; no I/O, no
+// cryptography.
 //
 // Layout: u16 chunk count, then per chunk u64 length + body; each body starts with a u16 type:
 // 1 = key derivation (Argon2id parameters and salt), 2 = XSalsa20 "parallel" (chunk size, initial
@@ -66,7 +67,7 @@ CryptInfo parse_crypt_info(std::string_view body);
 // `kdf` may be null (exact key). The parallel chunk holds `chunk.macs.size()` MACs.
 std::string encode_crypt_info(const KeyDerivationChunk* kdf, const ParallelChunk& chunk);
 // The size of that body for a salt of `salt_bytes` (when `with_kdf`) and `mac_count` MACs:
-// 52 + 16 M with an exact key, 102 + 16 M with a 16-byte salt (spec §1.5).
+// 52 + 16 M with an exact key, 102 + 16 M with a 16-byte salt (docs/format.md §1.5).
 uint64_t crypt_info_size(bool with_kdf, size_t salt_bytes, uint64_t mac_count);
 // The body of a header whose tensor is not encrypted (meta and zero-length tensors): `00 00`.
 inline constexpr uint64_t kEmptyCryptInfoSize = 2;

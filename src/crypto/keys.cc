@@ -1,5 +1,5 @@
-// Keys for weight encryption (spec §3.2): random and exact keys, Argon2id13 derivation from a
-// passphrase with libsodium's crypto_pwhash, and the per-reader cache of derived keys.
+// Keys for weight encryption (docs/format.md §3.2): random and exact keys, Argon2id13 derivation
+// from a passphrase with libsodium's crypto_pwhash, and the per-reader cache of derived keys.
 #include <sodium.h>
 
 #include <cstring>

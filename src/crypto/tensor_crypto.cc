@@ -1,5 +1,5 @@
-// Chunked XSalsa20-Poly1305 over tensor data (spec §3.3, §3.7, §3.8), nonce bookkeeping and a
-// small parallel loop used to seal or open many chunks at once.
+// Chunked XSalsa20-Poly1305 over tensor data (docs/format.md §3.3, §3.7, §3.8), nonce bookkeeping
+// and a small parallel loop used to seal or open many chunks at once.
 #include "crypto/tensor_crypto.h"
 
 #include <sodium.h>
@@ -88,7 +88,8 @@ std::unique_ptr<TensorDecryptor> TensorDecryptor::create(std::string_view crypt_
     if (d->macs_.empty())
       fail(ErrorCode::kFormat, "crypt info holds no MACs for an encrypted tensor");
     if (d->macs_.size() == 1) {
-      d->chunk_size_ = data_length;  // chunk size is ignored: one secretbox (spec §3.7 step 5)
+      d->chunk_size_ =
+          data_length;  // chunk size is ignored: one secretbox (docs/format.md §3.7 step 5)
     } else {
       d->chunk_size_ = p.chunk_size;
       const uint64_t expected = chunks_for(data_length, p.chunk_size);

@@ -1,4 +1,5 @@
-// Per-tensor encryption and decryption over a header's CryptInfo (spec §3.3–§3.8). Internal.
+// Per-tensor encryption and decryption over a header's CryptInfo (docs/format.md §3.3–§3.8).
+// Internal.
 //
 // Tensor data is sealed with libsodium's crypto_secretbox (XSalsa20-Poly1305, detached MACs) in
 // chunks of 2 MiB, chunk i with nonce n0 + i (24-byte little-endian counter). The engine calls

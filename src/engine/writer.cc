@@ -39,7 +39,7 @@ using Planned = engine::PlannedWrite;
 }
 
 // The bytes a header's hashes cover before the data: hash values are still zero here; the
-// crypt-info field (u64 + body) is cut out (spec §1.6 step 3).
+// crypt-info field (u64 + body) is cut out (docs/format.md §1.6 step 3).
 std::string hashable_bytes(const EncodedTensorHeader& h) {
   if (h.crypt_info_offset == std::string::npos) return h.bytes;
   std::string out = h.bytes;

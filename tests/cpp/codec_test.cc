@@ -25,7 +25,8 @@ const uint8_t* u8(const std::string& s) { return reinterpret_cast<const uint8_t*
 
 TensorPath P(std::vector<PathComponent> c) { return TensorPath(std::move(c)); }
 
-// ---- Tensor paths (spec §2.1) ---------------------------------------------------------------
+// ---- Tensor paths (docs/format.md §2.1)
+// ---------------------------------------------------------------
 
 TEST(TensorPathTest, SpecExamplesEncodeByteExact) {
   EXPECT_EQ(encode_path(P({"model", "layer", uint64_t{0}, "weight"})),
@@ -130,7 +131,8 @@ TEST(TensorPathTest, DisplayPath) {
   EXPECT_EQ(display_path(P({"a", uint64_t{1}})), "[\"a\",1]");
 }
 
-// ---- dtype strings (spec §1.9) --------------------------------------------------------------
+// ---- dtype strings (docs/format.md §1.9)
+// --------------------------------------------------------------
 
 struct DTypeRow {
   std::string torch;
@@ -261,7 +263,8 @@ TEST(DTypeTest, Errors) {
   EXPECT_EQ(error_code_of([] { torch_dtype_itemsize("torch.nonsense"); }), ErrorCode::kUnsupported);
 }
 
-// ---- File header (spec §1.2) -----------------------------------------------------------------
+// ---- File header (docs/format.md §1.2)
+// -----------------------------------------------------------------
 
 TEST(FileHeaderTest, EncodeLayout) {
   FileHeader h;
@@ -355,7 +358,8 @@ TEST(FileHeaderTest, Rejections) {
   EXPECT_EQ(code(b), ErrorCode::kFormat);
 }
 
-// ---- Index entries (spec §1.4, Appendix B) --------------------------------------------------
+// ---- Index entries (docs/format.md §1.4, Appendix B)
+// --------------------------------------------------
 
 IndexEntry make_entry(std::string name, std::string dtype, std::vector<uint64_t> shape,
                       uint64_t header_offset, uint64_t header_size, uint64_t data_length,
@@ -555,7 +559,8 @@ TEST(IndexTest, Rejections) {
   }
 }
 
-// ---- Per-tensor headers (spec §1.5, §1.6) ---------------------------------------------------
+// ---- Per-tensor headers (docs/format.md §1.5, §1.6)
+// ---------------------------------------------------
 
 TensorHeaderFields fields(std::string_view name, std::string_view dtype,
                           const std::vector<uint64_t>& shape, uint64_t data_length) {

@@ -201,10 +201,10 @@ TEST_F(CryptCliTest, RemoteSourcesAndSinks) {
               0)
         << out;
     TransportOptions t;
-    t.s3_endpoint = endpoint;
-    t.force_http = true;
-    t.s3_access_key_id = "testing";
-    t.s3_secret_access_key = "testing";
+    t.s3.endpoint = endpoint;
+    t.s3.force_http = true;
+    t.s3.access_key_id = "testing";
+    t.s3.secret_access_key = "testing";
     expect_manifest(enc, name, DecryptionParams::from_key(read_key(key_file_)), t);
     ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(dec) + " --key-file " + q(key_file_) + s3, &out),
               0)

@@ -1,6 +1,6 @@
-// The CryptInfo codec byte for byte (spec §3.5 worked example and sizes), keys (the Argon2id check
-// value of §3.2, argument checks), nonce arithmetic and bookkeeping, and the chunked secretbox
-// checked against libsodium's combined API.
+// The CryptInfo codec byte for byte (docs/format.md §3.5 worked example and sizes), keys (the
+// Argon2id check value of §3.2, argument checks), nonce arithmetic and bookkeeping, and the chunked
+// secretbox checked against libsodium's combined API.
 #include <gtest/gtest.h>
 #include <sodium.h>
 

@@ -116,7 +116,8 @@ TEST(CryptoFixturesTest, ReferenceCryptInfoIsWhatTheSpecSays) {
 }
 
 TEST(CryptoFixturesTest, KeyDerivedFromThePassphraseAlsoOpensAsAnExactKey) {
-  // The derived key works with from_key too (spec §6.4): derive it from the file's parameters.
+  // The derived key works with from_key too (docs/reference-api.md §6.4): derive it from the file's
+  // parameters.
   ReaderOptions o;
   o.without_key = true;
   auto r = Reader::open(test::fixture_path("encrypted_passphrase.tensors"), o);

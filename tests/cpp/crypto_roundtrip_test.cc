@@ -1,8 +1,8 @@
 // Encrypted writes and reads end to end: files we encrypt (exact key, passphrase) have the
-// layout of spec §3 (versions, flags, hash sections, CryptInfo sizes, empty CryptInfo for meta and
-// zero-length tensors, fresh nonces), leave the caller's memory untouched, and load back with any
-// worker count; files sealed the other ways the format allows (type 3, type 2 with one MAC over a
-// large tensor, chunk sizes other than 2 MiB, nonces that wrap) load too.
+// layout of docs/format.md §3 (versions, flags, hash sections, CryptInfo sizes, empty CryptInfo for
+// meta and zero-length tensors, fresh nonces), leave the caller's memory untouched, and load back
+// with any worker count; files sealed the other ways the format allows (type 3, type 2 with one MAC
+// over a large tensor, chunk sizes other than 2 MiB, nonces that wrap) load too.
 #include <gtest/gtest.h>
 #include <sodium.h>
 
@@ -130,7 +130,7 @@ TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
     const LoadedTensorInfo& info = r->read_header(i);
     const std::string body = crypt_body(info);
     if (e.data_length == 0) {
-      // Empty CryptInfo: u64 2, then 00 00 (spec §3.5); CRC32 + SHA-256.
+      // Empty CryptInfo: u64 2, then 00 00 (docs/format.md §3.5); CRC32 + SHA-256.
       EXPECT_EQ(test::hex(info.header_bytes.substr(info.header.crypt_field_offset, 10)),
                 "02000000000000000000");
       ASSERT_EQ(info.header.hashes.size(), 2u);

@@ -226,8 +226,8 @@ inline std::optional<std::string> redis_get(redisContext* c, const std::string& 
 }
 
 // Stores `file` under `prefix` exactly as the reference's TensorDeserializer.to_redis does
-// (spec §5.6), independently of our Redis sink: header:0, then per tensor a header key and a data
-// key (an empty one for meta tensors).
+// (docs/format.md §4), independently of our Redis sink: header:0, then per tensor a header key and
+// a data key (an empty one for meta tensors).
 inline void redis_store_reference_layout(redisContext* c, const std::string& prefix,
                                          const std::string& file) {
   FileHeader h = parse_file_header(reinterpret_cast<const uint8_t*>(file.data()), file.size());

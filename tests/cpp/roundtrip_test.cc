@@ -24,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::error_code_of;
 
-// Every serializable torch dtype name (spec §1.9).
+// Every serializable torch dtype name (docs/format.md §1.9).
 const std::vector<std::string>& all_torch_dtypes() {
   static const std::vector<std::string> names = {"float16",
                                                  "float32",

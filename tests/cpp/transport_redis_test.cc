@@ -1,9 +1,9 @@
 // Redis transport against a real redis-server (scripts/with-servers.sh): fixtures stored in the
-// reference key layout (spec §5.6, written here with hiredis, not by our sink) load bit-exact with
-// 1 and 4 workers, meta tensors' empty keys included; objects written by our sink have exactly the
-// reference keys and round-trip byte for byte; a rewrite replaces the old keys, an aborted write
-// changes nothing, prefixes with glob characters are taken literally, a missing prefix is
-// kNotFound.
+// reference key layout (docs/format.md §4, written here with hiredis, not by our sink) load
+// bit-exact with 1 and 4 workers, meta tensors' empty keys included; objects written by our sink
+// have exactly the reference keys and round-trip byte for byte; a rewrite replaces the old keys, an
+// aborted write changes nothing, prefixes with glob characters are taken literally, a missing
+// prefix is kNotFound.
 #include "remote_test_util.h"
 
 namespace tensorizer {

@@ -206,7 +206,7 @@ def test_tied_weights_written_twice(tmp_path):
     s.write_module(m)
     s.close()
     with TensorDeserializer(tmp_path / "t.tensors") as d:
-        assert list(d.keys()) == ["0.weight", "1.weight"]  # once per owning module (spec §1.11)
+        assert list(d.keys()) == ["0.weight", "1.weight"]  # once per owning module (docs/format.md §1.11)
         assert torch.equal(d["0.weight"], emb.weight) and torch.equal(d["1.weight"], emb.weight)
 
 

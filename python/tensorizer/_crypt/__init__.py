@@ -1,4 +1,4 @@
-"""Keys for tensor encryption: EncryptionParams and DecryptionParams (spec §3.2, §6.4).
+"""Keys for tensor encryption: EncryptionParams and DecryptionParams (docs/format.md §3.2, §6.4).
 
 Sealing and opening tensor data happens in the C++ engine (libsodium); this package only holds
 keys and the passphrase parameters that travel to it.

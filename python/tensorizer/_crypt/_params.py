@@ -1,4 +1,4 @@
-"""EncryptionParams / DecryptionParams: the reference's key API (spec §3.2, §6.4).
+"""EncryptionParams / DecryptionParams: the reference's key API (docs/format.md §3.2, §6.4).
 
 Keys are 32 bytes: exact, random, or derived from a passphrase with Argon2id13 (in the engine,
 libsodium). A passphrase key remembers its (opslimit, memlimit, salt) so the writer can store
