@@ -81,41 +81,67 @@ class Sink {
   }
 };
 
-// Options for every transport; each transport reads the fields that concern it.
-struct TransportOptions {
-  // HTTP(S)
-  std::string ca_file;                    // custom CA bundle (curl CAINFO)
-  std::string ca_path;                    // custom CA directory (curl CAPATH)
-  bool allow_untrusted = false;           // skip certificate verification
-  std::vector<std::string> http_headers;  // extra request headers, "Name: value"
-  // HTTP(S) and S3: bytes per ranged GET of a load; 0 = $TENSORIZER_READ_MIB (MiB) if set, else
-  // the engine's 16 MiB. Larger suits servers whose cost is per request, not per byte.
+// HTTP(S) requests, S3's included (S3 speaks HTTP): TLS trust, extra headers, read size.
+struct HttpOptions {
+  std::string ca_file;               // custom CA bundle (curl CAINFO)
+  std::string ca_path;               // custom CA directory (curl CAPATH)
+  bool allow_untrusted = false;      // skip certificate verification
+  std::vector<std::string> headers;  // extra request headers, "Name: value"
+  // Bytes per ranged GET of a load; 0 = $TENSORIZER_READ_MIB (MiB) if set, else the engine's
+  // 16 MiB. Larger suits servers whose cost is per request, not per byte.
   uint64_t read_bytes = 0;
-  // S3 (spec §5.4); unset optionals are resolved from config files and the environment.
-  std::optional<std::string> s3_access_key_id;
-  std::optional<std::string> s3_secret_access_key;
-  std::optional<std::string> s3_session_token;
-  std::optional<std::string> s3_endpoint;
-  std::optional<std::string> s3_config_path;
-  std::optional<std::string> s3_region;
-  std::optional<std::string> s3_profile;
+};
+
+// S3 credentials and addressing (docs/reference-api.md §5.4); unset ones are resolved from the
+// environment and the config files (~/.s3cfg, ~/.aws).
+struct S3Options {
+  std::optional<std::string> access_key_id;
+  std::optional<std::string> secret_access_key;
+  std::optional<std::string> session_token;
+  std::optional<std::string> endpoint;
+  std::optional<std::string> config_path;
+  std::optional<std::string> region;
+  std::optional<std::string> profile;
   std::optional<bool> force_http;
-  std::optional<bool>
-      s3_virtual_hosted;  // unset: path-style, except hosts that require virtual-hosted
-  // Resilience
+  std::optional<bool> virtual_hosted;  // unset: path-style, except hosts that need virtual-hosted
+};
+
+// How a network transport (HTTP(S), S3, Redis) waits and retries.
+struct RetryOptions {
   double connect_timeout_s = 10;
-  double stall_timeout_s =
-      30;               // no byte for this long fails a transfer; failing this long ends retrying
-  int max_retries = 8;  // consecutive failures without progress, per range
-  double retry_delay_s = 0.1;  // first backoff delay; doubles per failure (capped at 5 s)
-  // Local files
+  double stall_timeout_s = 30;  // no byte for this long fails a transfer; failing this long ends it
+  int max_retries = 8;          // consecutive failures without progress, per range
+  double retry_delay_s = 0.1;   // first backoff delay; doubles per failure (capped at 5 s)
+};
+
+// Local files.
+struct FileOptions {
   bool sync_on_commit = false;  // fsync before the rename that publishes a written file
+};
+
+// Everything open_source/open_sink may need; each transport is handed only its own parts.
+struct TransportOptions {
+  HttpOptions http;
+  S3Options s3;
+  RetryOptions retry;
+  FileOptions file;
 };
 
 // Opens a source for a local path or a URI (file://, http://, https://, s3://, redis://).
 std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options = {});
 // Opens a sink for a local path or a URI (s3://, redis://).
 std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options = {});
+
+// What the transport behind a path or URI can do, for front ends that offer plain byte streams
+// (Python's open_stream) without knowing the schemes themselves.
+struct TransportInfo {
+  std::string scheme;     // "file" for a plain path
+  bool local;             // a local file: the front end may open it itself
+  bool writable;          // open_sink() works
+  bool sink_takes_bytes;  // the sink stores plain bytes (false: named parts, see wants_parts())
+};
+// None for a scheme no transport serves.
+std::optional<TransportInfo> transport_info(const std::string& uri);
 
 // Copies the object at `src` to `dst` (any two of file, http(s) (read only), s3, redis), streaming
 // with `workers` concurrent readers and bounded memory; `progress(done, total)` is called now and

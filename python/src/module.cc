@@ -149,7 +149,7 @@ std::optional<tensorizer::EncryptionParams> encryption_from_python(nb::handle ke
 }
 
 void register_common(nb::module_& m) {
-  // dtype helpers (spec §1.9).
+  // dtype helpers (docs/format.md §1.9).
   m.def(
       "dtype_string_for_torch",
       [](const std::string& torch_name) {
@@ -166,7 +166,7 @@ void register_common(nb::module_& m) {
       nb::arg("dtype"),
       "(numpy part, torch dtype name or '', item size, opaque) of a dtype string.");
 
-  // Keys (spec §3.2).
+  // Keys (docs/format.md §3.2).
   m.def(
       "derive_key",
       [](nb::bytes passphrase, uint64_t opslimit, uint64_t memlimit, nb::bytes salt) {
@@ -193,7 +193,7 @@ void register_common(nb::module_& m) {
       },
       "32 bytes from the system's secure random generator.");
 
-  // Hashes of live memory against a header (verify_module, spec §4.7).
+  // Hashes of live memory against a header (verify_module, docs/reference-api.md §4.7).
   m.def(
       "compute_hashes",
       [](nb::bytes hashable_header, uintptr_t address, uint64_t nbytes) {
@@ -225,27 +225,54 @@ void register_common(nb::module_& m) {
   m.attr("META_VERSION") = tensorizer::kMetaVersion;
   m.attr("LONG_DIMS_VERSION") = tensorizer::kLongDimsVersion;
 
-  // Transport options: every transport reads the fields that concern it.
-  nb::class_<tensorizer::TransportOptions>(m, "TransportOptions")
+  // Transport options, one class per back end; TransportOptions holds one of each.
+  using tensorizer::FileOptions;
+  using tensorizer::HttpOptions;
+  using tensorizer::RetryOptions;
+  using tensorizer::S3Options;
+  using tensorizer::TransportOptions;
+  nb::class_<HttpOptions>(m, "HttpOptions")
       .def(nb::init<>())
-      .def_rw("ca_file", &tensorizer::TransportOptions::ca_file)
-      .def_rw("ca_path", &tensorizer::TransportOptions::ca_path)
-      .def_rw("allow_untrusted", &tensorizer::TransportOptions::allow_untrusted)
-      .def_rw("http_headers", &tensorizer::TransportOptions::http_headers)
-      .def_rw("s3_access_key_id", &tensorizer::TransportOptions::s3_access_key_id)
-      .def_rw("s3_secret_access_key", &tensorizer::TransportOptions::s3_secret_access_key)
-      .def_rw("s3_session_token", &tensorizer::TransportOptions::s3_session_token)
-      .def_rw("s3_endpoint", &tensorizer::TransportOptions::s3_endpoint)
-      .def_rw("s3_config_path", &tensorizer::TransportOptions::s3_config_path)
-      .def_rw("s3_region", &tensorizer::TransportOptions::s3_region)
-      .def_rw("s3_profile", &tensorizer::TransportOptions::s3_profile)
-      .def_rw("force_http", &tensorizer::TransportOptions::force_http)
-      .def_rw("s3_virtual_hosted", &tensorizer::TransportOptions::s3_virtual_hosted)
-      .def_rw("connect_timeout_s", &tensorizer::TransportOptions::connect_timeout_s)
-      .def_rw("stall_timeout_s", &tensorizer::TransportOptions::stall_timeout_s)
-      .def_rw("max_retries", &tensorizer::TransportOptions::max_retries)
-      .def_rw("retry_delay_s", &tensorizer::TransportOptions::retry_delay_s)
-      .def_rw("sync_on_commit", &tensorizer::TransportOptions::sync_on_commit);
+      .def_rw("ca_file", &HttpOptions::ca_file)
+      .def_rw("ca_path", &HttpOptions::ca_path)
+      .def_rw("allow_untrusted", &HttpOptions::allow_untrusted)
+      .def_rw("headers", &HttpOptions::headers)
+      .def_rw("read_bytes", &HttpOptions::read_bytes);
+  nb::class_<S3Options>(m, "S3Options")
+      .def(nb::init<>())
+      .def_rw("access_key_id", &S3Options::access_key_id)
+      .def_rw("secret_access_key", &S3Options::secret_access_key)
+      .def_rw("session_token", &S3Options::session_token)
+      .def_rw("endpoint", &S3Options::endpoint)
+      .def_rw("config_path", &S3Options::config_path)
+      .def_rw("region", &S3Options::region)
+      .def_rw("profile", &S3Options::profile)
+      .def_rw("force_http", &S3Options::force_http)
+      .def_rw("virtual_hosted", &S3Options::virtual_hosted);
+  nb::class_<RetryOptions>(m, "RetryOptions")
+      .def(nb::init<>())
+      .def_rw("connect_timeout_s", &RetryOptions::connect_timeout_s)
+      .def_rw("stall_timeout_s", &RetryOptions::stall_timeout_s)
+      .def_rw("max_retries", &RetryOptions::max_retries)
+      .def_rw("retry_delay_s", &RetryOptions::retry_delay_s);
+  nb::class_<FileOptions>(m, "FileOptions")
+      .def(nb::init<>())
+      .def_rw("sync_on_commit", &FileOptions::sync_on_commit);
+  nb::class_<TransportOptions>(m, "TransportOptions")
+      .def(nb::init<>())
+      .def_rw("http", &TransportOptions::http)
+      .def_rw("s3", &TransportOptions::s3)
+      .def_rw("retry", &TransportOptions::retry)
+      .def_rw("file", &TransportOptions::file);
+
+  // What a path or URI's transport can do (open_stream asks instead of knowing the schemes).
+  nb::class_<tensorizer::TransportInfo>(m, "TransportInfo")
+      .def_ro("scheme", &tensorizer::TransportInfo::scheme)
+      .def_ro("local", &tensorizer::TransportInfo::local)
+      .def_ro("writable", &tensorizer::TransportInfo::writable)
+      .def_ro("sink_takes_bytes", &tensorizer::TransportInfo::sink_takes_bytes);
+  m.def("transport_info", &tensorizer::transport_info, nb::arg("uri"),
+        "What the transport behind a path or URI can do; None for a scheme no transport serves.");
 }
 
 }  // namespace tzpy

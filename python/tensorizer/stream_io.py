@@ -1,6 +1,6 @@
 """open_stream and friends: local files, and remote objects through the C++ engine's transports.
 
-``open_stream`` keeps the reference's signature and dispatch (spec §5.1). Local paths are plain
+``open_stream`` keeps the reference's signature and dispatch (docs/reference-api.md §5.1). Local paths are plain
 Python files. ``http(s)://``, ``s3://`` (read) and ``redis://`` URIs return a read-only,
 seekable stream over the engine's transport for that scheme (libcurl, S3 signing, hiredis);
 the stream also tells a TensorDeserializer its URI and options, so loads from it run on the
@@ -53,10 +53,10 @@ class CAInfo:
 
     def apply(self, options: "_C.TransportOptions") -> None:
         if self._cacert is not None:
-            options.ca_file = self._cacert
+            options.http.ca_file = self._cacert
         if self._capath is not None:
-            options.ca_path = self._capath
-        options.allow_untrusted = self._allow_untrusted
+            options.http.ca_path = self._capath
+        options.http.allow_untrusted = self._allow_untrusted
 
     def __eq__(self, other):
         return isinstance(other, CAInfo) and self.curl_flags == other.curl_flags
@@ -85,21 +85,21 @@ def _transport_options(
     if headers:
         if isinstance(headers, dict):
             headers = [f"{k}: {v}" for k, v in headers.items()]
-        options.http_headers = list(headers)
+        options.http.headers = list(headers)
     if s3_access_key_id is not None:
-        options.s3_access_key_id = s3_access_key_id
+        options.s3.access_key_id = s3_access_key_id
     if s3_secret_access_key is not None:
-        options.s3_secret_access_key = s3_secret_access_key
+        options.s3.secret_access_key = s3_secret_access_key
     if s3_endpoint:
-        options.s3_endpoint = s3_endpoint
+        options.s3.endpoint = s3_endpoint
     if s3_config_path is not None:
         if not os.path.exists(s3_config_path):
             raise FileNotFoundError(f"s3_config_path does not exist: {s3_config_path}")
-        options.s3_config_path = s3_config_path
+        options.s3.config_path = s3_config_path
     if s3_region_name is not None:
-        options.s3_region = s3_region_name
+        options.s3.region = s3_region_name
     if force_http is not None:
-        options.force_http = bool(force_http)
+        options.s3.force_http = bool(force_http)
     return options
 
 
@@ -122,6 +122,13 @@ def _seek_target(pos: int, offset: int, whence: int, end: Optional[int]) -> int:
 
 class _EngineStreamFile(io.RawIOBase):
     """A read-only, seekable stream over one of the engine's transports."""
+
+    @classmethod
+    def _over(cls, uri: str, options: "_C.TransportOptions", begin: Optional[int], end: Optional[int]):
+        """A stream of this class over `uri` with ready-made engine options."""
+        stream = cls.__new__(cls)
+        _EngineStreamFile.__init__(stream, uri, options, begin, end)
+        return stream
 
     def __init__(self, uri: str, options: "_C.TransportOptions", begin: Optional[int], end: Optional[int]):
         super().__init__()
@@ -314,32 +321,22 @@ def open_stream(
     s3_signature_version: Optional[str] = None,
     certificate_handling: Optional[CAInfo] = None,
 ) -> typing.BinaryIO:
-    """Opens a local path or a URI as a binary stream (spec §5.1).
+    """Opens a local path or a URI as a binary stream (docs/reference-api.md §5.1).
 
-    ``http(s)://`` and ``redis://``: mode ``rb`` only. ``s3://``: ``rb``, or ``wb``/``wb+``/
-    ``ab``/``ab+`` (staged by the engine, uploaded on close). Anything else is a local file (binary
-    modes only; parent directories are created for writing).
+    Which schemes exist and what each can do is the engine's (``_C.transport_info``): remote
+    objects open for reading (``rb``) as engine streams; those whose engine sink takes plain bytes
+    (``s3://``) also open for writing (``wb``/``wb+``/``ab``/``ab+``), staged by the engine and
+    published on close. Anything else is a local file (binary modes only; parent directories are
+    created for writing).
     """
     del s3_signature_version
     local_only = isinstance(path_uri, os.PathLike)
     path_uri = os.fsdecode(os.fspath(path_uri))
-    scheme, sep, _ = path_uri.partition("://")
-    scheme = scheme.lower() if sep and not local_only else None
     normalized_mode = "".join(sorted(mode))
+    transport = None if local_only else _C.transport_info(path_uri)
 
-    if scheme in ("http", "https"):
-        if normalized_mode != "br":
-            raise ValueError('Only the mode "rb" is valid when opening http(s):// streams.')
-        return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, certificate_handling=certificate_handling)
-
-    if scheme == "redis":
-        if normalized_mode != "br":
-            raise ValueError('Only the mode "rb" is valid when opening redis:// streams.')
-        return RedisStreamFile(path_uri, begin=begin, end=end, buffer_size=buffer_size)
-
-    if scheme == "s3":
-        if normalized_mode not in ("br", "bw", "ab", "+bw", "+ab"):
-            raise ValueError('Only the modes "rb", "wb[+]", and "ab[+]" are valid when opening s3:// streams.')
+    if transport is not None and not transport.local:
+        scheme = transport.scheme
         options = _transport_options(
             certificate_handling=certificate_handling,
             s3_access_key_id=s3_access_key_id,
@@ -349,9 +346,14 @@ def open_stream(
             s3_region_name=s3_region_name,
             force_http=force_http,
         )
-        if "w" in mode or "a" in mode:
-            return typing.cast(typing.BinaryIO, _EngineSinkFile(path_uri, options, mode))
-        return CURLStreamFile(path_uri, begin, end, buffer_size=buffer_size, _options=options)
+        if normalized_mode == "br":
+            stream_class = RedisStreamFile if scheme == "redis" else CURLStreamFile
+            return typing.cast(typing.BinaryIO, stream_class._over(path_uri, options, begin, end))
+        if not (transport.writable and transport.sink_takes_bytes):
+            raise ValueError(f'Only the mode "rb" is valid when opening {scheme}:// streams.')
+        if normalized_mode not in ("bw", "ab", "+bw", "+ab"):
+            raise ValueError(f'Only the modes "rb", "wb[+]", and "ab[+]" are valid when opening {scheme}:// streams.')
+        return typing.cast(typing.BinaryIO, _EngineSinkFile(path_uri, options, mode))
 
     if "b" not in normalized_mode:
         raise ValueError('Only binary modes ("rb", "wb", "wb+", etc.) are valid when opening local file streams.')

@@ -79,30 +79,31 @@ std::string default_ca_file() {
   return system_bundle;
 }
 
-void prepare_request(CURL* h, const HttpTarget& target, const TransportOptions& options,
-                     CurlHeaders& headers, const std::vector<std::string>& extra) {
+void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
+                     const RetryOptions& retry, CurlHeaders& headers,
+                     const std::vector<std::string>& extra) {
   curl_easy_reset(h);  // keeps live connections and caches, drops per-request options
   curl_easy_setopt(h, CURLOPT_URL, target.url.c_str());
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "tensorizer-cpp/0.1 (libcurl)");
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
-  const long connect_ms = std::max(1L, static_cast<long>(options.connect_timeout_s * 1000));
+  const long connect_ms = std::max(1L, static_cast<long>(retry.connect_timeout_s * 1000));
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
-  if (options.stall_timeout_s > 0) {
+  if (retry.stall_timeout_s > 0) {
     // Less than one byte per second for stall_timeout_s = a stalled transfer.
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(options.stall_timeout_s)));
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(retry.stall_timeout_s)));
   }
-  const std::string ca_file = options.ca_file.empty() ? default_ca_file() : options.ca_file;
+  const std::string ca_file = http.ca_file.empty() ? default_ca_file() : http.ca_file;
   if (!ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, ca_file.c_str());
-  if (!options.ca_path.empty()) curl_easy_setopt(h, CURLOPT_CAPATH, options.ca_path.c_str());
-  if (options.allow_untrusted) {
+  if (!http.ca_path.empty()) curl_easy_setopt(h, CURLOPT_CAPATH, http.ca_path.c_str());
+  if (http.allow_untrusted) {
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
   }
   headers.add("Accept-Encoding: identity");
-  for (const auto& line : options.http_headers) headers.add(line);
+  for (const auto& line : http.headers) headers.add(line);
   for (const auto& line : target.headers) headers.add(line);
   for (const auto& line : extra) headers.add(line);
   if (!target.sigv4.empty()) {

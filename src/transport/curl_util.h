@@ -60,12 +60,13 @@ CurlEasy make_easy();
 // "" leaves libcurl's compiled-in default.
 std::string default_ca_file();
 
-// Resets `h` and applies what every request gets: TLS trust from `options`, connect timeout,
-// stall detection (LOW_SPEED over stall_timeout_s), keep-alive, user agent, identity encoding,
-// large receive buffer, and the target's signing. `headers` receives the target's headers plus
-// `extra`, and is installed on the handle (it must outlive the request).
-void prepare_request(CURL* h, const HttpTarget& target, const TransportOptions& options,
-                     CurlHeaders& headers, const std::vector<std::string>& extra = {});
+// Resets `h` and applies what every request gets: TLS trust and extra headers from `http`,
+// connect timeout and stall detection (LOW_SPEED over stall_timeout_s) from `retry`, keep-alive,
+// user agent, identity encoding, large receive buffer, and the target's signing. `headers` receives
+// the target's headers plus `extra`, and is installed on the handle (it must outlive the request).
+void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
+                     const RetryOptions& retry, CurlHeaders& headers,
+                     const std::vector<std::string>& extra = {});
 
 // What the response headers said (the last response, when curl saw several).
 struct ResponseMeta {

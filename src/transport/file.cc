@@ -213,7 +213,7 @@ std::unique_ptr<Source> open_file_source(const std::string& path) {
   return std::make_unique<FileSource>(std::move(fd), path, static_cast<uint64_t>(st.st_size));
 }
 
-std::unique_ptr<Sink> open_file_sink(const std::string& path, const TransportOptions& options) {
+std::unique_ptr<Sink> open_file_sink(const std::string& path, const FileOptions& options) {
   return std::make_unique<FileSink>(path, options.sync_on_commit);
 }
 

@@ -6,6 +6,6 @@
 namespace tensorizer {
 
 std::unique_ptr<Source> open_file_source(const std::string& path);
-std::unique_ptr<Sink> open_file_sink(const std::string& path, const TransportOptions& options);
+std::unique_ptr<Sink> open_file_sink(const std::string& path, const FileOptions& options);
 
 }  // namespace tensorizer

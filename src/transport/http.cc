@@ -45,7 +45,8 @@ class StreamCursor;
 struct Shared {
   ~Shared();
   net::HttpTarget target;
-  TransportOptions options;
+  HttpOptions http;
+  RetryOptions retry;
   std::mutex mu;
   std::vector<CurlEasy> idle;  // pooled handles (each keeps its connection alive)
   bool probed = false;
@@ -257,7 +258,7 @@ class StreamCursor {
     stop();
     easy_ = net::make_easy();
     headers_ = std::make_unique<net::CurlHeaders>();
-    net::prepare_request(easy_.get(), s_.target, s_.options, *headers_);
+    net::prepare_request(easy_.get(), s_.target, s_.http, s_.retry, *headers_);
     curl_easy_setopt(easy_.get(), CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(easy_.get(), CURLOPT_HEADERDATA, this);
     curl_easy_setopt(easy_.get(), CURLOPT_WRITEFUNCTION, on_data);
@@ -411,7 +412,7 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->ranges ? 8 : 1;
   }
-  uint64_t preferred_read_bytes() const override { return s_->options.read_bytes; }
+  uint64_t preferred_read_bytes() const override { return s_->http.read_bytes; }
   std::optional<std::string> cache_status() const override {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->cache_status;
@@ -432,7 +433,7 @@ class HttpSource final : public Source {
 
   // Reads [offset, offset+total) into `slices`, retrying from the first missing byte.
   void fetch(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, bool probe) {
-    const TransportOptions& opt = s_->options;
+    const RetryOptions& opt = s_->retry;
     uint64_t done = 0;
     int failures = 0;
     double failing_since = -1;  // start of the current run of failures without progress
@@ -446,7 +447,7 @@ class HttpSource final : public Source {
       net::CurlHeaders headers;
       const std::string range = "Range: bytes=" + std::to_string(offset + done) + "-" +
                                 std::to_string(offset + total - 1);
-      net::prepare_request(h.get(), s_->target, opt, headers, {range});
+      net::prepare_request(h.get(), s_->target, s_->http, opt, headers, {range});
       curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
       curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
       curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
@@ -509,7 +510,7 @@ class HttpSource final : public Source {
   // A server without range support: continue one whole-object transfer (see StreamCursor),
   // retrying from the first missing byte (which means from the start of the object again).
   void fetch_streamed(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total) {
-    const TransportOptions& opt = s_->options;
+    const RetryOptions& opt = s_->retry;
     std::lock_guard<std::mutex> lock(s_->stream_mu);
     if (!s_->cursor) s_->cursor = std::make_unique<StreamCursor>(*s_);
     uint64_t done = 0;
@@ -619,11 +620,13 @@ uint64_t read_bytes_from_env() {
 
 }  // namespace
 
-std::unique_ptr<Source> open_http_source(net::HttpTarget target, const TransportOptions& options) {
+std::unique_ptr<Source> open_http_source(net::HttpTarget target, const HttpOptions& http,
+                                         const RetryOptions& retry) {
   auto s = std::make_shared<Shared>();
   s->target = std::move(target);
-  s->options = options;
-  if (s->options.read_bytes == 0) s->options.read_bytes = read_bytes_from_env();
+  s->http = http;
+  s->retry = retry;
+  if (s->http.read_bytes == 0) s->http.read_bytes = read_bytes_from_env();
   return std::make_unique<HttpSource>(std::move(s));
 }
 

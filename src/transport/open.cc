@@ -1,4 +1,5 @@
-// URI dispatch: picks the transport for a path or URI. The one place that knows every scheme.
+// URI dispatch: picks the transport for a path or URI. The one place that knows every scheme: one
+// row per scheme says how to open a source and a sink, and what the sink accepts.
 #include <algorithm>
 #include <cctype>
 
@@ -11,6 +12,59 @@
 namespace tensorizer {
 namespace {
 
+using SourceOpener = std::unique_ptr<Source> (*)(const std::string& uri,
+                                                 const TransportOptions& options);
+using SinkOpener = std::unique_ptr<Sink> (*)(const std::string& uri,
+                                             const TransportOptions& options);
+
+struct Scheme {
+  const char* name;
+  SourceOpener open_source;
+  SinkOpener open_sink;   // null: read-only
+  bool sink_takes_bytes;  // false: the sink stores named parts (Sink::wants_parts)
+};
+
+std::unique_ptr<Source> open_http(const std::string& uri, const TransportOptions& options) {
+  const size_t colon = uri.find(':');
+  std::string scheme = uri.substr(0, colon);
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  net::HttpTarget target;
+  target.url = scheme + uri.substr(colon);  // curl wants a lower-case scheme
+  target.display_uri = net::redact_url(uri);
+  return open_http_source(std::move(target), options.http, options.retry);
+}
+
+const Scheme kSchemes[] = {
+    {"file",
+     [](const std::string& uri, const TransportOptions&) {
+       return open_file_source(uri.substr(7));
+     },
+     [](const std::string& uri, const TransportOptions& o) {
+       return open_file_sink(uri.substr(7), o.file);
+     },
+     true},
+    {"http", open_http, nullptr, false},
+    {"https", open_http, nullptr, false},
+    {"s3",
+     [](const std::string& uri, const TransportOptions& o) {
+       return open_s3_source(uri, o.s3, o.http, o.retry);
+     },
+     [](const std::string& uri, const TransportOptions& o) {
+       return open_s3_sink(uri, o.s3, o.http, o.retry);
+     },
+     true},
+    {"redis",
+     [](const std::string& uri, const TransportOptions& o) {
+       return open_redis_source(uri, o.retry);
+     },
+     [](const std::string& uri, const TransportOptions& o) {
+       return open_redis_sink(uri, o.retry);
+     },
+     false},
+};
+
+// The scheme of `uri` in lower case; "" for a plain path.
 std::string scheme_of(const std::string& uri) {
   size_t pos = uri.find("://");
   if (pos == std::string::npos) return "";
@@ -21,6 +75,12 @@ std::string scheme_of(const std::string& uri) {
   return s;
 }
 
+const Scheme* find_scheme(const std::string& name) {
+  for (const Scheme& s : kSchemes)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
 [[noreturn]] void unsupported(const std::string& scheme, const std::string& uri, const char* dir) {
   fail(ErrorCode::kUnsupported, "no " + std::string(dir) + " transport for scheme '" + scheme +
                                     "' (" + net::redact_url(uri) + ")");
@@ -29,29 +89,30 @@ std::string scheme_of(const std::string& uri) {
 }  // namespace
 
 std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options) {
-  std::string scheme = scheme_of(uri);
+  const std::string scheme = scheme_of(uri);
   if (scheme.empty()) return open_file_source(uri);
-  if (scheme == "file") return open_file_source(uri.substr(7));
-  if (scheme == "http" || scheme == "https") {
-    net::HttpTarget target;
-    target.url = scheme + uri.substr(scheme.size());  // curl wants a lower-case scheme
-    target.display_uri = net::redact_url(uri);
-    return open_http_source(std::move(target), options);
-  }
-  if (scheme == "s3") return open_s3_source(uri, options);
-  if (scheme == "redis") return open_redis_source(uri, options);
-  unsupported(scheme, uri, "read");
+  const Scheme* s = find_scheme(scheme);
+  if (!s) unsupported(scheme, uri, "read");
+  return s->open_source(uri, options);
 }
 
 std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options) {
-  std::string scheme = scheme_of(uri);
-  if (scheme.empty()) return open_file_sink(uri, options);
-  if (scheme == "file") return open_file_sink(uri.substr(7), options);
-  if (scheme == "s3") return open_s3_sink(uri, options);
-  if (scheme == "redis") return open_redis_sink(uri, options);
-  if (scheme == "http" || scheme == "https")
-    fail(ErrorCode::kUnsupported, "cannot write to '" + uri + "': HTTP(S) is read-only");
-  unsupported(scheme, uri, "write");
+  const std::string scheme = scheme_of(uri);
+  if (scheme.empty()) return open_file_sink(uri, options.file);
+  const Scheme* s = find_scheme(scheme);
+  if (!s) unsupported(scheme, uri, "write");
+  if (!s->open_sink)
+    fail(ErrorCode::kUnsupported,
+         "cannot write to '" + net::redact_url(uri) + "': " + scheme + ":// is read-only");
+  return s->open_sink(uri, options);
+}
+
+std::optional<TransportInfo> transport_info(const std::string& uri) {
+  const std::string scheme = scheme_of(uri);
+  if (scheme.empty()) return TransportInfo{"file", true, true, true};
+  const Scheme* s = find_scheme(scheme);
+  if (!s) return std::nullopt;
+  return TransportInfo{s->name, scheme == "file", s->open_sink != nullptr, s->sink_takes_bytes};
 }
 
 }  // namespace tensorizer

@@ -1,4 +1,5 @@
-// Redis transport: the reference key layout of spec §5.6, `redis://host[:port]/prefix` (db 0).
+// Redis transport: the reference key layout of docs/format.md §4, `redis://host[:port]/prefix` (db
+// 0).
 //
 //   <prefix>:header:0                 file bytes [0, 73+M): prelude and index
 //   <prefix>:<name>:<header offset>   the tensor's header bytes
@@ -94,7 +95,7 @@ timeval to_timeval(double s) {
 }
 
 // Connects (throws kIO naming the URI on failure); reads and writes time out after stall_timeout_s.
-Context connect(const RedisAddress& a, const TransportOptions& o) {
+Context connect(const RedisAddress& a, const RetryOptions& o) {
   Context c(redisConnectWithTimeout(a.host.c_str(), a.port, to_timeval(o.connect_timeout_s)));
   if (!c) fail(ErrorCode::kIO, "'" + a.uri + "': cannot allocate a Redis connection");
   if (c->err) fail(ErrorCode::kIO, "'" + a.uri + "': cannot connect to Redis: " + c->errstr);
@@ -158,7 +159,7 @@ struct Slice {
 
 struct Shared {
   RedisAddress addr;
-  TransportOptions options;
+  RetryOptions options;
   std::vector<Slice> slices;  // sorted, non-empty, non-overlapping
   uint64_t size = 0;
   std::atomic<uint64_t> bytes_read{0};
@@ -278,7 +279,7 @@ class RedisSource final : public Source {
                                    std::to_string(offset) + " runs past the end of '" + uri() +
                                    "' (" + std::to_string(s_->size) + " bytes)");
     if (total == 0) return;
-    const TransportOptions& o = s_->options;
+    const RetryOptions& o = s_->options;
     uint64_t done = 0;
     int failures = 0;
     double failing_since = -1;  // start of the current run of failures without progress
@@ -452,7 +453,7 @@ bool key_offset(const std::string& key, uint64_t& offset) {
 
 class RedisSink final : public Sink {
  public:
-  RedisSink(const std::string& uri, const TransportOptions& options)
+  RedisSink(const std::string& uri, const RetryOptions& options)
       : addr_(parse_redis_uri(uri)), options_(options), staging_("tz-redis-upload") {}
   ~RedisSink() override { abort(); }
 
@@ -574,7 +575,7 @@ class RedisSink final : public Sink {
   }
 
   RedisAddress addr_;
-  TransportOptions options_;
+  RetryOptions options_;
   StagingFile staging_;
   std::vector<std::string> staged_;
   std::vector<NamedRange> parts_;
@@ -620,7 +621,7 @@ std::vector<Slice> list_slices(redisContext* c, const RedisAddress& a) {
 
 }  // namespace
 
-std::unique_ptr<Source> open_redis_source(const std::string& uri, const TransportOptions& options) {
+std::unique_ptr<Source> open_redis_source(const std::string& uri, const RetryOptions& options) {
   auto s = std::make_shared<Shared>();
   s->addr = parse_redis_uri(uri);
   s->options = options;
@@ -655,7 +656,7 @@ std::unique_ptr<Source> open_redis_source(const std::string& uri, const Transpor
   return std::make_unique<RedisSource>(std::move(s));
 }
 
-std::unique_ptr<Sink> open_redis_sink(const std::string& uri, const TransportOptions& options) {
+std::unique_ptr<Sink> open_redis_sink(const std::string& uri, const RetryOptions& options) {
   return std::make_unique<RedisSink>(uri, options);
 }
 

@@ -49,8 +49,7 @@ S3Location parse_s3_uri(const std::string& uri) {
   return {rest.substr(0, slash), rest.substr(slash + 1)};
 }
 
-net::HttpTarget make_target(const std::string& uri, const TransportOptions& options,
-                            bool for_write) {
+net::HttpTarget make_target(const std::string& uri, const S3Options& options, bool for_write) {
   S3Location loc = parse_s3_uri(uri);
   s3::ResolvedS3 r = s3::resolve(options, for_write);
   net::HttpTarget t;
@@ -119,15 +118,15 @@ size_t collect_body(char* data, size_t size, size_t n, void* user) {
 }
 
 // One S3 request. `query` is appended to the object URL; `file_body` or `text_body` is sent.
-Response request(CURL* h, const net::HttpTarget& target, const TransportOptions& options,
-                 const char* method, const std::string& query, BodyReader* file_body,
-                 const std::string* text_body) {
+Response request(CURL* h, const net::HttpTarget& target, const HttpOptions& http,
+                 const RetryOptions& retry, const char* method, const std::string& query,
+                 BodyReader* file_body, const std::string* text_body) {
   net::HttpTarget t = target;
   t.url += query;
   net::CurlHeaders headers;
   std::vector<std::string> extra;
   if (text_body) extra.push_back("Content-Type: application/xml");
-  net::prepare_request(h, t, options, headers, extra);
+  net::prepare_request(h, t, http, retry, headers, extra);
   Response r;
   char errbuf[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
@@ -160,7 +159,7 @@ Response request(CURL* h, const net::HttpTarget& target, const TransportOptions&
 
 // Runs `make()` until it returns a 2xx (with no S3 <Error> body), retrying transient failures.
 template <typename Make>
-Response with_retries(const TransportOptions& options, const net::HttpTarget& target,
+Response with_retries(const RetryOptions& options, const net::HttpTarget& target,
                       const std::string& what, Make make) {
   std::string last;
   for (int attempt = 1;; ++attempt) {
@@ -199,8 +198,9 @@ std::string xml_value(const std::string& body, const std::string& tag) {
 
 class S3Sink final : public Sink {
  public:
-  S3Sink(const std::string& uri, const TransportOptions& options)
-      : target_(make_target(uri, options, true)), options_(options), staging_("tz-s3-upload") {}
+  S3Sink(const std::string& uri, const S3Options& s3, const HttpOptions& http,
+         const RetryOptions& retry)
+      : target_(make_target(uri, s3, true)), http_(http), retry_(retry), staging_("tz-s3-upload") {}
   ~S3Sink() override { abort(); }
 
   void write_gather(uint64_t offset, const IoSlice* slices, size_t count) override {
@@ -230,16 +230,16 @@ class S3Sink final : public Sink {
  private:
   void put_whole(uint64_t size) {
     net::CurlEasy h = net::make_easy();
-    with_retries(options_, target_, "upload", [&] {
+    with_retries(retry_, target_, "upload", [&] {
       BodyReader body{staging_.fd(), 0, size};
-      return request(h.get(), target_, options_, "PUT", "", &body, nullptr);
+      return request(h.get(), target_, http_, retry_, "PUT", "", &body, nullptr);
     });
   }
 
   void multipart(uint64_t size) {
     net::CurlEasy h = net::make_easy();
-    Response created = with_retries(options_, target_, "starting a multipart upload", [&] {
-      return request(h.get(), target_, options_, "POST", "?uploads=", nullptr, nullptr);
+    Response created = with_retries(retry_, target_, "starting a multipart upload", [&] {
+      return request(h.get(), target_, http_, retry_, "POST", "?uploads=", nullptr, nullptr);
     });
     const std::string upload_id = xml_value(created.body, "UploadId");
     if (upload_id.empty())
@@ -256,13 +256,11 @@ class S3Sink final : public Sink {
         net::CurlEasy& ph = handles[static_cast<size_t>(w)];
         if (!ph) ph = net::make_easy();
         const uint64_t off = i * part, len = std::min(part, size - off);
-        Response r =
-            with_retries(options_, target_, "uploading part " + std::to_string(i + 1), [&] {
-              BodyReader body{staging_.fd(), off, len};
-              return request(ph.get(), target_, options_, "PUT",
-                             "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body,
-                             nullptr);
-            });
+        Response r = with_retries(retry_, target_, "uploading part " + std::to_string(i + 1), [&] {
+          BodyReader body{staging_.fd(), off, len};
+          return request(ph.get(), target_, http_, retry_, "PUT",
+                         "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body, nullptr);
+        });
         etags[i] = r.meta.etag;
       });
       std::string xml = "<CompleteMultipartUpload>";
@@ -270,13 +268,13 @@ class S3Sink final : public Sink {
         xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags[i] +
                "</ETag></Part>";
       xml += "</CompleteMultipartUpload>";
-      with_retries(options_, target_, "completing the multipart upload", [&] {
-        return request(h.get(), target_, options_, "POST", "?" + id_query, nullptr, &xml);
+      with_retries(retry_, target_, "completing the multipart upload", [&] {
+        return request(h.get(), target_, http_, retry_, "POST", "?" + id_query, nullptr, &xml);
       });
     } catch (...) {
       // Nothing half-written may become visible: drop the parts.
       try {
-        request(h.get(), target_, options_, "DELETE", "?" + id_query, nullptr, nullptr);
+        request(h.get(), target_, http_, retry_, "DELETE", "?" + id_query, nullptr, nullptr);
       } catch (...) {
       }
       throw;
@@ -284,19 +282,22 @@ class S3Sink final : public Sink {
   }
 
   net::HttpTarget target_;
-  TransportOptions options_;
+  HttpOptions http_;
+  RetryOptions retry_;
   StagingFile staging_;
   bool done_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Source> open_s3_source(const std::string& uri, const TransportOptions& options) {
-  return open_http_source(make_target(uri, options, false), options);
+std::unique_ptr<Source> open_s3_source(const std::string& uri, const S3Options& s3,
+                                       const HttpOptions& http, const RetryOptions& retry) {
+  return open_http_source(make_target(uri, s3, false), http, retry);
 }
 
-std::unique_ptr<Sink> open_s3_sink(const std::string& uri, const TransportOptions& options) {
-  return std::make_unique<S3Sink>(uri, options);
+std::unique_ptr<Sink> open_s3_sink(const std::string& uri, const S3Options& s3,
+                                   const HttpOptions& http, const RetryOptions& retry) {
+  return std::make_unique<S3Sink>(uri, s3, http, retry);
 }
 
 }  // namespace tensorizer

@@ -1,4 +1,5 @@
-// S3 credential and endpoint resolution (spec §5.4); see s3_config.h. No network here.
+// S3 credential and endpoint resolution (docs/reference-api.md §5.4); see s3_config.h. No network
+// here.
 #include "transport/s3_config.h"
 
 #include <cctype>
@@ -59,12 +60,12 @@ struct S3cmd {
   std::string shown_path;
 };
 
-S3cmd read_s3cfg(const TransportOptions& o) {
+S3cmd read_s3cfg(const S3Options& o) {
   S3cmd r;
-  std::string shown = o.s3_config_path ? *o.s3_config_path : std::string("~/.s3cfg");
+  std::string shown = o.config_path ? *o.config_path : std::string("~/.s3cfg");
   Ini ini;
   if (!parse_ini(expand(shown), ini)) {
-    if (o.s3_config_path)
+    if (o.config_path)
       fail(ErrorCode::kNotFound, "S3 config file '" + shown + "' (s3_config_path) cannot be read");
     return r;
   }
@@ -81,8 +82,8 @@ S3cmd read_s3cfg(const TransportOptions& o) {
   return r;
 }
 
-std::string profile_name(const TransportOptions& o) {
-  if (o.s3_profile) return *o.s3_profile;
+std::string profile_name(const S3Options& o) {
+  if (o.profile) return *o.profile;
   if (auto p = env("AWS_PROFILE")) return *p;
   return "default";
 }
@@ -102,7 +103,7 @@ std::string config_section(const std::string& profile) {
   return profile == "default" ? std::string("default.") : "profile " + profile + ".";
 }
 
-Found aws_chain(const TransportOptions& o) {
+Found aws_chain(const S3Options& o) {
   Found f;
   auto ak = env("AWS_ACCESS_KEY_ID"), sk = env("AWS_SECRET_ACCESS_KEY");
   if (ak && sk) {
@@ -145,7 +146,7 @@ Found aws_chain(const TransportOptions& o) {
 }
 
 // Endpoint and region settings of the AWS config profile.
-std::optional<std::string> profile_setting(const TransportOptions& o, const std::string& key) {
+std::optional<std::string> profile_setting(const S3Options& o, const std::string& key) {
   Ini ini;
   if (!parse_ini(expand(config_file()), ini)) return std::nullopt;
   return lookup(ini, config_section(profile_name(o)) + key);
@@ -187,14 +188,14 @@ bool parse_ini(const std::string& path, Ini& out) {
   return true;
 }
 
-ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
+ResolvedS3 resolve(const S3Options& o, bool for_write) {
   ResolvedS3 r;
-  std::optional<std::string> endpoint = o.s3_endpoint;
+  std::optional<std::string> endpoint = o.endpoint;
   bool endpoint_from_env = false;
   std::optional<bool> force_http = o.force_http;
 
   // 1-2. Explicit credentials, else the s3cmd config filling what is missing.
-  std::optional<std::string> ak = o.s3_access_key_id, sk = o.s3_secret_access_key;
+  std::optional<std::string> ak = o.access_key_id, sk = o.secret_access_key;
   bool have = false;
   if (ak && sk) {
     have = true;
@@ -234,7 +235,7 @@ ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
     r.anonymous = true;
     r.credential_source = "no credentials found (anonymous access)";
   }
-  if (!r.anonymous && o.s3_session_token) r.session_token = *o.s3_session_token;
+  if (!r.anonymous && o.session_token) r.session_token = *o.session_token;
 
   // Endpoint: argument → .s3cfg host_base → environment → AWS profile → default.
   if (!endpoint) {
@@ -265,8 +266,8 @@ ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
   }
   r.endpoint = ep;
 
-  if (o.s3_region)
-    r.region = *o.s3_region;
+  if (o.region)
+    r.region = *o.region;
   else if (auto e = env("AWS_REGION"))
     r.region = *e;
   else if (auto e2 = env("AWS_DEFAULT_REGION"))
@@ -277,7 +278,7 @@ ResolvedS3 resolve(const TransportOptions& o, bool for_write) {
     r.region = "us-east-1";
 
   const std::string host = host_of(ep);
-  r.virtual_hosted = o.s3_virtual_hosted.value_or(host == "cwobject.com" || host == "cwlota.com");
+  r.virtual_hosted = o.virtual_hosted.value_or(host == "cwobject.com" || host == "cwlota.com");
   r.credential_source = "credentials from " + r.credential_source;
   if (r.anonymous && !have) r.credential_source = "no credentials found (anonymous access)";
   return r;

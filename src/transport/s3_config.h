@@ -1,4 +1,4 @@
-// S3 credential and endpoint resolution, exactly as spec §5.4 (internal header).
+// S3 credential and endpoint resolution, exactly as docs/reference-api.md §5.4 (internal header).
 //
 // Order for credentials: explicit options → s3cmd config (s3_config_path, else ~/.s3cfg) →
 // AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN) → shared credentials file
@@ -23,7 +23,7 @@ struct ResolvedS3 {
 };
 
 // `for_write` picks the default endpoint (object.… for writes, accel-object.… for reads).
-ResolvedS3 resolve(const TransportOptions& options, bool for_write);
+ResolvedS3 resolve(const S3Options& options, bool for_write);
 
 // Parses an INI file into "section.key" → value (nested "s3 =" blocks become "section.s3.key").
 // Returns false when the file cannot be read.

@@ -31,9 +31,9 @@ const ServedModel& served_model(const std::string& root) {
 
 TransportOptions fast_retries() {
   TransportOptions t;
-  t.retry_delay_s = 0.02;
-  t.stall_timeout_s = 2;
-  t.connect_timeout_s = 2;
+  t.retry.retry_delay_s = 0.02;
+  t.retry.stall_timeout_s = 2;
+  t.retry.connect_timeout_s = 2;
   return t;
 }
 
@@ -57,7 +57,8 @@ TEST(TransportFaultTest, HttpLoadSurvivesResetsStallsAnd503Bursts) {
   test::FaultProxy proxy(test::host_port(url),
                          "reset:5000-1000000x5,503x4,stall:20000x1,429x2,reset:100x2");
   TransportOptions t = fast_retries();
-  t.stall_timeout_s = 1;  // the stalled connection is given up after 1 s, then resumed elsewhere
+  t.retry.stall_timeout_s =
+      1;  // the stalled connection is given up after 1 s, then resumed elsewhere
   test::expect_model("http://" + proxy.address() + "/" + m.name, t, m.model);
   for (const char* kind : {"reset", "503", "429", "stall"})
     EXPECT_GE(proxy.faulted(kind), 1) << kind << proxy.log_text();
@@ -71,7 +72,7 @@ TEST(TransportFaultTest, HttpsLoadSurvivesDrops) {
   const ServedModel& m = served_model(root);
   test::FaultProxy proxy(test::host_port(url), "drop:1000-500000x20", 3);
   TransportOptions t = fast_retries();
-  t.ca_file = ca;
+  t.http.ca_file = ca;
   // The certificate names 127.0.0.1, which the proxy address is too.
   test::expect_model("https://" + proxy.address() + "/" + m.name, t, m.model);
   EXPECT_GE(proxy.faulted("drop"), 10) << proxy.log_text();
@@ -81,10 +82,10 @@ TEST(TransportFaultTest, S3LoadSurvivesDropsAndSlowDown) {
   TZ_SERVER_ENV(endpoint, "TZ_TEST_S3_ENDPOINT");
   TZ_SERVER_ENV(bucket, "TZ_TEST_S3_BUCKET");
   TransportOptions direct;
-  direct.s3_endpoint = endpoint;
-  direct.force_http = true;
-  direct.s3_access_key_id = "testing";
-  direct.s3_secret_access_key = "testing";
+  direct.s3.endpoint = endpoint;
+  direct.s3.force_http = true;
+  direct.s3.access_key_id = "testing";
+  direct.s3.secret_access_key = "testing";
   test::Model model = test::make_model(20 << 20);
   const std::string uri = "s3://" + bucket + "/" + test::unique_name("faults") + ".tensors";
   WriterOptions wo;
@@ -96,10 +97,10 @@ TEST(TransportFaultTest, S3LoadSurvivesDropsAndSlowDown) {
   test::FaultProxy proxy(test::host_port(endpoint),
                          "pass,drop:2000-1500000x8,503x3,reset:3000-1000000x4", 5);
   TransportOptions t = fast_retries();
-  t.s3_endpoint = "http://" + proxy.address();
-  t.force_http = true;
-  t.s3_access_key_id = "testing";
-  t.s3_secret_access_key = "testing";
+  t.s3.endpoint = "http://" + proxy.address();
+  t.s3.force_http = true;
+  t.s3.access_key_id = "testing";
+  t.s3.secret_access_key = "testing";
   test::expect_model(uri, t, model);
   EXPECT_GE(proxy.faulted(), 10) << proxy.log_text();
 }
@@ -136,7 +137,7 @@ TEST(TransportFaultTest, RedisKeyListingIsRetried) {
     test::FaultProxy proxy(test::host_port(url), "drop:20x100");
     const std::string uri = "redis://" + proxy.address() + "/" + prefix;
     TransportOptions t = fast_retries();
-    t.max_retries = 3;
+    t.retry.max_retries = 3;
     try {
       open_source(uri, t);
       FAIL() << "no error";
@@ -173,7 +174,7 @@ TEST(TransportFaultTest, ExhaustedRetriesNameUriOffsetAndLastStatus) {
   // The first connection answers (and is then dropped after 300 kB); every later one gets a 503.
   test::FaultProxy proxy(test::host_port(url), "drop:300000,503x1000");
   TransportOptions t = fast_retries();
-  t.max_retries = 3;
+  t.retry.max_retries = 3;
   const std::string uri = "http://" + proxy.address() + "/" + m.name;
   ReaderOptions ro;
   ro.transport = t;
@@ -221,7 +222,7 @@ void expect_gone_error(const std::string& uri_template, const std::string& upstr
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::string what = e.what();
     EXPECT_EQ(e.code(), ErrorCode::kIO) << what;
-    EXPECT_LT(secs, t.stall_timeout_s + 3) << what;
+    EXPECT_LT(secs, t.retry.stall_timeout_s + 3) << what;
     EXPECT_NE(what.find(uri), std::string::npos) << what;
     EXPECT_NE(what.find("offset"), std::string::npos) << what;
     EXPECT_NE(what.find("tensor '"), std::string::npos) << what;
@@ -234,9 +235,9 @@ TEST(TransportFaultTest, ServerGoneIsAnErrorWithinTheTimeout) {
   TZ_SERVER_ENV(redis, "TZ_TEST_REDIS_URL");
   const ServedModel& m = served_model(root);
   TransportOptions t;
-  t.stall_timeout_s = 2;
-  t.connect_timeout_s = 1;
-  t.retry_delay_s = 0.1;
+  t.retry.stall_timeout_s = 2;
+  t.retry.connect_timeout_s = 1;
+  t.retry.retry_delay_s = 0.1;
   expect_gone_error("http://PROXY/" + m.name, test::host_port(url), t, m.model);
 
   const std::string prefix = test::unique_name("gone");
@@ -255,8 +256,8 @@ TEST(TransportFaultTest, StalledServerIsAnErrorWithinTheTimeout) {
   // Every connection after the first stalls before its first byte and stays open.
   test::FaultProxy proxy(test::host_port(url), "pass,stall:0x1000");
   TransportOptions t;
-  t.stall_timeout_s = 2;
-  t.retry_delay_s = 0.1;
+  t.retry.stall_timeout_s = 2;
+  t.retry.retry_delay_s = 0.1;
   const std::string uri = "http://" + proxy.address() + "/" + m.name;
   ReaderOptions ro;
   ro.transport = t;
@@ -270,7 +271,7 @@ TEST(TransportFaultTest, StalledServerIsAnErrorWithinTheTimeout) {
   } catch (const Error& e) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(secs, t.stall_timeout_s * 2 + 3) << e.what();
+    EXPECT_LT(secs, t.retry.stall_timeout_s * 2 + 3) << e.what();
     EXPECT_NE(std::string(e.what()).find("offset"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(uri), std::string::npos) << e.what();
   }

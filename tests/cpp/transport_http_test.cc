@@ -25,7 +25,7 @@ TEST(TransportHttpTest, FixturesLoadBitExactOverHttpsWithCaFile) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTPS_URL");
   TZ_SERVER_ENV(ca, "TZ_TEST_CA_FILE");
   TransportOptions t;
-  t.ca_file = ca;
+  t.http.ca_file = ca;
   for (const auto& name : test::all_fixtures())
     for (int workers : {1, 4})
       test::expect_fixture_loads(url + "/fixtures/" + name, name, t, workers);
@@ -35,17 +35,17 @@ TEST(TransportHttpTest, HttpsWithCaDirectoryAndWithUntrustedAllowed) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTPS_URL");
   TZ_SERVER_ENV(ca_dir, "TZ_TEST_CA_DIR");
   TransportOptions by_dir;
-  by_dir.ca_path = ca_dir;
+  by_dir.http.ca_path = ca_dir;
   test::expect_fixture_loads(url + "/fixtures/module.tensors", "module.tensors", by_dir, 2);
   TransportOptions insecure;
-  insecure.allow_untrusted = true;
+  insecure.http.allow_untrusted = true;
   test::expect_fixture_loads(url + "/fixtures/module.tensors", "module.tensors", insecure, 2);
 }
 
 TEST(TransportHttpTest, UntrustedCertificateIsAClearErrorWithoutRetries) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTPS_URL");
   TransportOptions t;
-  t.ca_file = test::fixture_path("manifest.json");  // not a CA bundle: nothing is trusted
+  t.http.ca_file = test::fixture_path("manifest.json");  // not a CA bundle: nothing is trusted
   const std::string uri = url + "/fixtures/module.tensors";
   try {
     Reader::open(uri, ReaderOptions{t, {}, false});
@@ -186,7 +186,7 @@ TEST(TransportHttpTest, ReadSizeComesFromTheOptionOrTensorizerReadMib) {
   EXPECT_GE(by_default, 16u << 20);
   EXPECT_LE(by_default, (16u << 20) + slack);
   TransportOptions two_mib;
-  two_mib.read_bytes = 2 << 20;
+  two_mib.http.read_bytes = 2 << 20;
   const uint64_t small = 2 << 20;
   EXPECT_LE(largest_read(uri, two_mib, m), small + slack);
   env.set("TENSORIZER_READ_MIB", "64");

@@ -1,6 +1,7 @@
-// S3 credential and endpoint resolution (spec §5.4), without a server: precedence of every
-// source, scheme rules (force_http, use_https, plain HTTP only from the environment), region,
-// addressing, anonymous access, and that the reported credential source never holds a secret.
+// S3 credential and endpoint resolution (docs/reference-api.md §5.4), without a server: precedence
+// of every source, scheme rules (force_http, use_https, plain HTTP only from the environment),
+// region, addressing, anonymous access, and that the reported credential source never holds a
+// secret.
 #include <filesystem>
 
 #include "remote_test_util.h"
@@ -39,15 +40,15 @@ TEST_F(S3ConfigTest, DefaultsAreTheReferenceEndpointsAndAnonymous) {
 }
 
 TEST_F(S3ConfigTest, EndpointSchemeRules) {
-  TransportOptions t;
-  t.s3_endpoint = "minio.local:9000";
+  S3Options t;
+  t.endpoint = "minio.local:9000";
   EXPECT_EQ(s3::resolve(t, false).endpoint, "https://minio.local:9000");
   t.force_http = true;
   EXPECT_EQ(s3::resolve(t, false).endpoint, "http://minio.local:9000");
-  t.s3_endpoint = "https://minio.local:9000/";
+  t.endpoint = "https://minio.local:9000/";
   EXPECT_EQ(s3::resolve(t, false).endpoint, "http://minio.local:9000");
   t.force_http.reset();
-  t.s3_endpoint = "http://minio.local:9000";
+  t.endpoint = "http://minio.local:9000";
   try {
     s3::resolve(t, false);
     FAIL() << "plain HTTP accepted";
@@ -74,8 +75,8 @@ TEST_F(S3ConfigTest, EndpointPrecedence) {
   EXPECT_EQ(s3::resolve({}, false).endpoint, "https://env-s3");
   write(".s3cfg", "[default]\naccess_key = AK\nsecret_key = SK\nhost_base = s3cfg-host\n");
   EXPECT_EQ(s3::resolve({}, false).endpoint, "https://s3cfg-host");
-  TransportOptions t;
-  t.s3_endpoint = "argument-host";
+  S3Options t;
+  t.endpoint = "argument-host";
   EXPECT_EQ(s3::resolve(t, false).endpoint, "https://argument-host");
 }
 
@@ -83,7 +84,7 @@ TEST_F(S3ConfigTest, S3cfgUseHttpsFalseMeansPlainHttpUnlessForced) {
   write(".s3cfg",
         "[default]\naccess_key = AK\nsecret_key = SK\nhost_base = h:1\nuse_https = False\n");
   EXPECT_EQ(s3::resolve({}, false).endpoint, "http://h:1");
-  TransportOptions t;
+  S3Options t;
   t.force_http = false;
   EXPECT_EQ(s3::resolve(t, false).endpoint, "https://h:1");
 }
@@ -111,9 +112,9 @@ TEST_F(S3ConfigTest, CredentialPrecedenceAndSources) {
   EXPECT_EQ(r.access_key, "CFGKEY");
   EXPECT_EQ(r.secret_key, "CFGSECRET");
   EXPECT_EQ(r.credential_source, "credentials from ~/.s3cfg");
-  TransportOptions t;
-  t.s3_access_key_id = "ARGKEY";
-  t.s3_secret_access_key = "ARGSECRET";
+  S3Options t;
+  t.access_key_id = "ARGKEY";
+  t.secret_access_key = "ARGSECRET";
   r = s3::resolve(t, false);
   EXPECT_EQ(r.access_key, "ARGKEY");
   EXPECT_EQ(r.credential_source, "credentials from explicit arguments");
@@ -123,8 +124,8 @@ TEST_F(S3ConfigTest, CredentialPrecedenceAndSources) {
 
 TEST_F(S3ConfigTest, S3cfgFillsOnlyWhatIsMissing) {
   write(".s3cfg", "[default]\naccess_key = CFGKEY\nsecret_key = CFGSECRET\n");
-  TransportOptions t;
-  t.s3_access_key_id = "ARGKEY";
+  S3Options t;
+  t.access_key_id = "ARGKEY";
   s3::ResolvedS3 r = s3::resolve(t, false);
   EXPECT_EQ(r.access_key, "ARGKEY");
   EXPECT_EQ(r.secret_key, "CFGSECRET");
@@ -137,9 +138,9 @@ TEST_F(S3ConfigTest, S3cfgWithoutDefaultSectionIsIgnored) {
 
 TEST_F(S3ConfigTest, EmptyExplicitCredentialsMeanAnonymous) {
   write(".s3cfg", "[default]\naccess_key = CFGKEY\nsecret_key = CFGSECRET\n");
-  TransportOptions t;
-  t.s3_access_key_id = "";
-  t.s3_secret_access_key = "";
+  S3Options t;
+  t.access_key_id = "";
+  t.secret_access_key = "";
   EXPECT_TRUE(s3::resolve(t, false).anonymous);
 }
 
@@ -152,8 +153,8 @@ TEST_F(S3ConfigTest, ProfilesFromOptionOrEnvironment) {
   EXPECT_EQ(s3::resolve({}, false).access_key, "D");
   env_.set("AWS_PROFILE", std::string("a"));
   EXPECT_EQ(s3::resolve({}, false).access_key, "A");
-  TransportOptions t;
-  t.s3_profile = "b";
+  S3Options t;
+  t.profile = "b";
   s3::ResolvedS3 r = s3::resolve(t, false);
   EXPECT_EQ(r.access_key, "B");
   EXPECT_EQ(r.region, "eu-west-3");
@@ -166,20 +167,20 @@ TEST_F(S3ConfigTest, RegionPrecedence) {
   EXPECT_EQ(s3::resolve({}, false).region, "from-default-env");
   env_.set("AWS_REGION", std::string("from-env"));
   EXPECT_EQ(s3::resolve({}, false).region, "from-env");
-  TransportOptions t;
-  t.s3_region = "from-argument";
+  S3Options t;
+  t.region = "from-argument";
   EXPECT_EQ(s3::resolve(t, false).region, "from-argument");
 }
 
 TEST_F(S3ConfigTest, VirtualHostedAddressingWhereRequired) {
-  TransportOptions t;
-  t.s3_endpoint = "cwobject.com";
+  S3Options t;
+  t.endpoint = "cwobject.com";
   EXPECT_TRUE(s3::resolve(t, false).virtual_hosted);
-  t.s3_endpoint = "https://cwlota.com";
+  t.endpoint = "https://cwlota.com";
   EXPECT_TRUE(s3::resolve(t, false).virtual_hosted);
-  t.s3_endpoint = "object.ord1.coreweave.com";
+  t.endpoint = "object.ord1.coreweave.com";
   EXPECT_FALSE(s3::resolve(t, false).virtual_hosted);
-  t.s3_virtual_hosted = true;
+  t.virtual_hosted = true;
   EXPECT_TRUE(s3::resolve(t, false).virtual_hosted);
 }
 

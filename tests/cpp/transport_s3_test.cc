@@ -1,7 +1,8 @@
 // S3 transport against real moto servers (scripts/with-servers.sh): every fixture loads bit-exact
 // with 1 and 4 workers; objects written through the S3 sink (single PUT and multipart) round-trip
-// byte for byte; a failed upload leaves nothing visible; each credential source of spec §5.4 works
-// against the signature-checking server, and a wrong secret is an access error naming the source.
+// byte for byte; a failed upload leaves nothing visible; each credential source of
+// docs/reference-api.md §5.4 works against the signature-checking server, and a wrong secret is an
+// access error naming the source.
 #include <filesystem>
 
 #include "remote_test_util.h"
@@ -14,10 +15,10 @@ namespace fs = std::filesystem;
 
 TransportOptions open_server_options(const std::string& endpoint) {
   TransportOptions t;
-  t.s3_endpoint = endpoint;
-  t.force_http = true;
-  t.s3_access_key_id = "testing";
-  t.s3_secret_access_key = "testing";
+  t.s3.endpoint = endpoint;
+  t.s3.force_http = true;
+  t.s3.access_key_id = "testing";
+  t.s3.secret_access_key = "testing";
   return t;
 }
 
@@ -88,8 +89,8 @@ TEST(TransportS3Test, FailedMultipartUploadIsAbortedAndNeverVisible) {
   // moto closes every connection after one response: the first 2 requests pass, then all fail.
   test::FaultProxy proxy(test::host_port(endpoint), "passx2,refusex100000");
   TransportOptions t = open_server_options("http://" + proxy.address());
-  t.max_retries = 2;
-  t.retry_delay_s = 0.01;
+  t.retry.max_retries = 2;
+  t.retry.retry_delay_s = 0.01;
   const std::string uri = "s3://" + bucket + "/" + test::unique_name("failed") + ".tensors";
   test::Model m = test::make_model(40 << 20);
   WriterOptions wo;
@@ -111,7 +112,8 @@ TEST(TransportS3Test, FailedMultipartUploadIsAbortedAndNeverVisible) {
   }
 }
 
-// ---- Credential sources (spec §5.4), against the server that checks signatures ----------------
+// ---- Credential sources (docs/reference-api.md §5.4), against the server that checks signatures
+// ----------------
 
 // An isolated credential environment: HOME is an empty temp dir, no AWS_* variables.
 class S3CredentialsTest : public ::testing::Test {
@@ -169,12 +171,12 @@ const char* kWrong = "WRONGsecretWRONGsecretWRONGsecret0000000";
 
 TEST_F(S3CredentialsTest, ExplicitArguments) {
   TransportOptions t;
-  t.s3_endpoint = endpoint_;
-  t.force_http = true;
-  t.s3_access_key_id = key_;
-  t.s3_secret_access_key = secret_;
+  t.s3.endpoint = endpoint_;
+  t.s3.force_http = true;
+  t.s3.access_key_id = key_;
+  t.s3.secret_access_key = secret_;
   expect_works(t);
-  t.s3_secret_access_key = kWrong;
+  t.s3.secret_access_key = kWrong;
   expect_denied(t, "explicit arguments", kWrong);
 }
 
@@ -187,7 +189,7 @@ TEST_F(S3CredentialsTest, S3cmdConfigGivenAsS3ConfigPath) {
   const std::string path = home_.path("custom.s3cfg");
   write(path, s3cfg(key_, secret_, host()));
   TransportOptions t;
-  t.s3_config_path = path;  // endpoint (host_base) and plain HTTP (use_https = False) from the file
+  t.s3.config_path = path;  // endpoint (host_base) and plain HTTP (use_https = False) from the file
   expect_works(t);
   write(path, s3cfg(key_, kWrong, host()));
   expect_denied(t, path, kWrong);
@@ -202,7 +204,7 @@ TEST_F(S3CredentialsTest, S3cmdConfigInHome) {
 
 TEST_F(S3CredentialsTest, MissingS3ConfigPathIsAnError) {
   TransportOptions t;
-  t.s3_config_path = home_.path("nope.s3cfg");
+  t.s3.config_path = home_.path("nope.s3cfg");
   EXPECT_THROW(open_source(uri(), t), Error);
 }
 
@@ -247,7 +249,7 @@ TEST_F(S3CredentialsTest, ConfigFileProfileWithEndpoint) {
   };
   write(home_.path(".aws/config"), config(secret_));
   TransportOptions t;
-  t.s3_profile = "work";
+  t.s3.profile = "work";
   expect_works(t);
   write(home_.path(".aws/config"), config(kWrong));
   expect_denied(t, "~/.aws/config (profile work)", kWrong);
@@ -273,10 +275,10 @@ TEST_F(S3CredentialsTest, ExplicitArgumentsWinOverEveryFile) {
   env_.set("AWS_ACCESS_KEY_ID", key_);
   env_.set("AWS_SECRET_ACCESS_KEY", std::string("x"));
   TransportOptions t;
-  t.s3_endpoint = endpoint_;
-  t.force_http = true;
-  t.s3_access_key_id = key_;
-  t.s3_secret_access_key = secret_;
+  t.s3.endpoint = endpoint_;
+  t.s3.force_http = true;
+  t.s3.access_key_id = key_;
+  t.s3.secret_access_key = secret_;
   expect_works(t);
 }
 

@@ -11,6 +11,7 @@ import torch
 import tensorizer
 from tensorizer import (
     DecryptionParams,
+    _C,
     EncryptionParams,
     TensorDeserializer,
     TensorSerializer,
@@ -96,15 +97,35 @@ def test_open_stream_local(tmp_path):
         assert f.read() == b"456789"
     with pytest.raises(ValueError):
         stream_io.open_stream(str(path), "r")
-    with pytest.raises(ValueError):
-        stream_io.open_stream("https://127.0.0.1:1/x", "wb")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='Only the mode "rb" is valid when opening https:// streams'):
+        stream_io.open_stream("HTTPS://127.0.0.1:1/x", "wb")
+    # Redis stores named parts, not a byte stream: writable by TensorSerializer, not open_stream.
+    with pytest.raises(ValueError, match='Only the mode "rb" is valid when opening redis:// streams'):
         stream_io.open_stream("redis://127.0.0.1:1/x", "wb")
+    with pytest.raises(ValueError, match='"wb\\[\\+\\]", and "ab\\[\\+\\]" are valid when opening s3://'):
+        stream_io.open_stream("s3://bucket/key", "r+b")
     with pytest.raises(ValueError):
         stream_io.CAInfo()
     with pytest.raises(ValueError):
         stream_io.CAInfo(cacert=str(tmp_path / "missing.pem"))
     assert stream_io.CAInfo(allow_untrusted=True).curl_flags == ("--insecure",)
+
+
+def test_open_stream_schemes_come_from_the_engine(tmp_path, monkeypatch):
+    """Which schemes are remote is the engine's answer; any other "scheme" is a local path, as in
+    the reference."""
+    info = {u: _C.transport_info(u) for u in ("x.tensors", "Http://h/x", "s3://b/k", "redis://h/p")}
+    assert [(i.scheme, i.local, i.writable, i.sink_takes_bytes) for i in info.values()] == [
+        ("file", True, True, True),
+        ("http", False, False, False),
+        ("s3", False, True, True),
+        ("redis", False, True, False),
+    ]
+    assert _C.transport_info("gs://b/k") is None
+    monkeypatch.chdir(tmp_path)
+    with stream_io.open_stream("gs://bucket/key", "wb") as f:
+        f.write(b"local after all")
+    assert (tmp_path / "gs:" / "bucket" / "key").read_bytes() == b"local after all"
 
 
 def test_serializer_through_open_stream(tmp_path):
