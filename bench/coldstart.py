@@ -45,6 +45,11 @@ def drop(path):
         os.close(fd)
 
 
+def warm(path):
+    """Reads the whole file once so that its pages are in the page cache."""
+    subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+
+
 def cached_bytes(path):
     """Bytes of the file in the page cache now (util-linux fincore), or None."""
     p = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path], capture_output=True, text=True)
@@ -74,7 +79,7 @@ def run(paths, python_for, run_child, expected=None, rounds=3, wanted=()):
                     for f in files:
                         drop(f)
                 else:
-                    subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+                    warm(path)
                 print(f"  coldstart round {rnd + 1}/{rounds} {state:4} {label} ...", flush=True)
                 res = run_child(python_for(system), "load", task, path, one_load)
                 out = results[(label, state)]

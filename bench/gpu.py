@@ -223,7 +223,7 @@ def run(paths, python_for, expected=(), rounds=3):
                     for f in files:
                         coldstart.drop(f)
                 else:
-                    subprocess.run(["cat", paths[key]], stdout=subprocess.DEVNULL, check=True)
+                    coldstart.warm(paths[key])
                 print(f"  gpu round {rnd + 1}/{rounds} {state:4} {label} ...", flush=True)
                 res = _run_child(python_for(system), task, paths[key])
                 out = results[(label, state)]
