@@ -106,12 +106,19 @@ struct S3Options {
   std::optional<bool> virtual_hosted;  // unset: path-style, except hosts that need virtual-hosted
 };
 
-// How a network transport (HTTP(S), S3, Redis) waits and retries.
+// `$name` as a number of seconds (> 0) when set and not empty, else `fallback`. A malformed value
+// throws Error(kInvalidArgument) naming the variable.
+double seconds_from_env(const char* name, double fallback);
+
+// How a network transport (HTTP(S), S3, Redis) waits and retries. The timeouts default to
+// $TENSORIZER_CONNECT_TIMEOUT and $TENSORIZER_STALL_TIMEOUT (seconds) when those are set.
 struct RetryOptions {
-  double connect_timeout_s = 10;
-  double stall_timeout_s = 30;  // no byte for this long fails a transfer; failing this long ends it
-  int max_retries = 8;          // consecutive failures without progress, per range
-  double retry_delay_s = 0.1;   // first backoff delay; doubles per failure (capped at 5 s)
+  double connect_timeout_s = seconds_from_env("TENSORIZER_CONNECT_TIMEOUT", 10);
+  // A transfer slower than kStallFloorBytesPerSecond for this long is stalled: it is abandoned
+  // and retried from the first missing byte; failing (or stalling) this long ends the retries.
+  double stall_timeout_s = seconds_from_env("TENSORIZER_STALL_TIMEOUT", 30);
+  int max_retries = 8;         // consecutive failures without progress, per range
+  double retry_delay_s = 0.1;  // first backoff delay; doubles per failure (capped at 5 s)
 };
 
 // Local files.

@@ -115,6 +115,12 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             True or False when the argument is None. Mapped tensors stay valid when the file is
             deleted or replaced by rename; truncating it in place while they live raises SIGBUS
             on access (as with any file mapping, safetensors included).
+        connect_timeout, stall_timeout: seconds (extensions of the reference API) for remote
+            sources: a connection not made in ``connect_timeout``, or a transfer slower than
+            4 KiB/s for ``stall_timeout``, is retried from the first missing byte, and the load
+            fails once failing (or stalling) has lasted ``stall_timeout``. None: the
+            ``TENSORIZER_CONNECT_TIMEOUT`` / ``TENSORIZER_STALL_TIMEOUT`` environment variables,
+            else 10 and 30 s.
     """
 
     def __init__(
@@ -131,6 +137,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         verify_hash: bool = False,
         encryption: Optional[DecryptionParams] = None,
         mmap: Optional[bool] = None,
+        connect_timeout: Optional[float] = None,
+        stall_timeout: Optional[float] = None,
     ):
         del plaid_mode, plaid_mode_buffers  # accepted for compatibility; the engine stages every CUDA load
         self._reader = None
@@ -177,7 +185,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         key, passphrase = encryption._engine_args() if encryption is not None else (None, None)
         self._encrypted = encryption is not None
 
-        self._reader = self._open(file_obj, key, passphrase)
+        options = stream_io._transport_options(connect_timeout=connect_timeout, stall_timeout=stall_timeout)
+        self._reader = self._open(file_obj, options, key, passphrase)
         self._cache_status = self._reader.cache_status  # the HTTP probe's answer; kept after close
         self._file_label = self._reader.uri
         reader = self._reader
@@ -222,13 +231,13 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     # -- opening -----------------------------------------------------------------------------
 
-    def _open(self, file_obj: Any, key, passphrase):
+    def _open(self, file_obj: Any, options: "_C.TransportOptions", key, passphrase):
         """The engine reader over `file_obj`; the engine decides what kind of source it is."""
         if not isinstance(file_obj, (str, bytes, os.PathLike, int)):
             if not isinstance(file_obj, stream_io._EngineStreamFile):
                 self._mode_check(file_obj)
             self._file = file_obj
-        return _C.Reader.open(file_obj, _C.TransportOptions(), key, passphrase)
+        return _C.Reader.open(file_obj, options, key, passphrase)
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:

@@ -75,9 +75,19 @@ def _transport_options(
     s3_config_path: Optional[str] = None,
     s3_region_name: Optional[str] = None,
     force_http: Optional[bool] = None,
+    connect_timeout: Optional[float] = None,
+    stall_timeout: Optional[float] = None,
 ) -> "_C.TransportOptions":
-    """The engine's TransportOptions for the reference's keyword arguments."""
-    options = _C.TransportOptions()
+    """The engine's TransportOptions for the reference's keyword arguments (and our timeouts)."""
+    options = _C.TransportOptions()  # timeouts default to $TENSORIZER_{CONNECT,STALL}_TIMEOUT
+    for name, seconds in (("connect_timeout", connect_timeout), ("stall_timeout", stall_timeout)):
+        if seconds is None:
+            continue
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"{name}: expected a number of seconds or None, got {seconds.__class__.__name__}")
+        if not seconds > 0:
+            raise ValueError(f"{name} must be greater than 0 seconds, not {seconds!r}")
+        setattr(options.retry, f"{name}_s", float(seconds))
     if certificate_handling is not None:
         if not isinstance(certificate_handling, CAInfo):
             raise TypeError("certificate_handling must be a CAInfo instance or None")
@@ -320,6 +330,8 @@ def open_stream(
     s3_region_name: Optional[str] = None,
     s3_signature_version: Optional[str] = None,
     certificate_handling: Optional[CAInfo] = None,
+    connect_timeout: Optional[float] = None,
+    stall_timeout: Optional[float] = None,
 ) -> typing.BinaryIO:
     """Opens a local path or a URI as a binary stream (docs/reference-api.md §5.1).
 
@@ -327,7 +339,8 @@ def open_stream(
     objects open for reading (``rb``) as engine streams; those whose engine sink takes plain bytes
     (``s3://``) also open for writing (``wb``/``wb+``/``ab``/``ab+``), staged by the engine and
     published on close. Anything else is a local file (binary modes only; parent directories are
-    created for writing).
+    created for writing). ``connect_timeout`` and ``stall_timeout`` (seconds) bound remote
+    transfers as in ``TensorDeserializer``.
     """
     del s3_signature_version
     local_only = isinstance(path_uri, os.PathLike)
@@ -345,6 +358,8 @@ def open_stream(
             s3_config_path=s3_config_path,
             s3_region_name=s3_region_name,
             force_http=force_http,
+            connect_timeout=connect_timeout,
+            stall_timeout=stall_timeout,
         )
         if normalized_mode == "br":
             stream_class = RedisStreamFile if scheme == "redis" else CURLStreamFile

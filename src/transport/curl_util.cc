@@ -91,8 +91,8 @@ void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
   const long connect_ms = std::max(1L, static_cast<long>(retry.connect_timeout_s * 1000));
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
   if (retry.stall_timeout_s > 0) {
-    // Less than one byte per second for stall_timeout_s = a stalled transfer.
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    // Slower than the floor rate for stall_timeout_s = a stalled transfer.
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, kStallFloorBytesPerSecond);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(retry.stall_timeout_s)));
   }
   const std::string ca_file = http.ca_file.empty() ? default_ca_file() : http.ca_file;

@@ -60,6 +60,10 @@ CurlEasy make_easy();
 // "" leaves libcurl's compiled-in default.
 std::string default_ca_file();
 
+// A transfer below this rate for RetryOptions::stall_timeout_s is stalled (a trickling server is
+// treated like a silent one).
+inline constexpr long kStallFloorBytesPerSecond = 4096;
+
 // Resets `h` and applies what every request gets: TLS trust and extra headers from `http`,
 // connect timeout and stall detection (LOW_SPEED over stall_timeout_s) from `retry`, keep-alive,
 // user agent, identity encoding, large receive buffer, and the target's signing. `headers` receives

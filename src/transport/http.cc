@@ -463,8 +463,13 @@ class HttpSource final : public Source {
       if (a.delivered > 0) {
         advance(slices, a.delivered);
         done += a.delivered;
-        failures = 0;
-        failing_since = -1;
+        // An attempt abandoned as too slow counts as progress only if it moved more than the
+        // floor rate allows in one stall period: a trickling server still fails.
+        const double trickle = net::kStallFloorBytesPerSecond * std::max(opt.stall_timeout_s, 1.0);
+        if (a.code != CURLE_OPERATION_TIMEDOUT || static_cast<double>(a.delivered) > trickle) {
+          failures = 0;
+          failing_since = -1;
+        }
       }
       if (done == total) {
         if (probe) {

@@ -1,7 +1,11 @@
 // URI dispatch: picks the transport for a path or URI. The one place that knows every scheme: one
-// row per scheme says how to open a source and a sink, and what the sink accepts.
+// row per scheme says how to open a source and a sink, and what the sink accepts. Also the
+// environment's say in transport options (seconds_from_env).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 
 #include "tensorizer/error.h"
 #include "transport/file.h"
@@ -105,6 +109,18 @@ std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& 
     fail(ErrorCode::kUnsupported,
          "cannot write to '" + net::redact_url(uri) + "': " + scheme + ":// is read-only");
   return s->open_sink(uri, options);
+}
+
+double seconds_from_env(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(v, &end);
+  if (errno || *end || !std::isfinite(seconds) || seconds <= 0)
+    fail(ErrorCode::kInvalidArgument,
+         std::string(name) + " must be a number of seconds greater than 0, not '" + v + "'");
+  return seconds;
 }
 
 std::optional<TransportInfo> transport_info(const std::string& uri) {
