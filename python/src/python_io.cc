@@ -35,6 +35,20 @@ std::string python_message(nb::python_error& e) {
   return std::string(nb::type_name(e.type()).c_str()) + ": " + nb::str(e.value()).c_str();
 }
 
+// Runs `body` (GIL held), which calls into Python; returns "" or what went wrong, for a message.
+// `unexpected` describes a call that returned something of the wrong type.
+template <typename Body>
+std::string python_failure(const char* unexpected, Body&& body) {
+  try {
+    body();
+  } catch (nb::python_error& e) {
+    return python_message(e);
+  } catch (const nb::cast_error& e) {
+    return std::string(unexpected) + " (" + e.what() + ")";
+  }
+  return "";
+}
+
 // A Source over a shared engine Source (a stream's), so a Reader can own "its" source while the
 // stream keeps working.
 class SharedSource final : public tensorizer::Source {
@@ -83,18 +97,13 @@ class PyFileSource final : public tensorizer::Source {
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
     std::lock_guard<std::mutex> lock(s_->mu);
     nb::gil_scoped_acquire gil;
-    std::string failure;
-    try {
+    const std::string failure = python_failure("a read returned an unexpected value", [&] {
       s_->file.attr("seek")(offset);
       for (size_t i = 0; i < count; ++i) {
         read_fully(offset, static_cast<char*>(slices[i].data), slices[i].size);
         offset += slices[i].size;
       }
-    } catch (nb::python_error& e) {
-      failure = python_message(e);
-    } catch (const nb::cast_error& e) {
-      failure = std::string("a read returned an unexpected value (") + e.what() + ")";
-    }
+    });
     if (!failure.empty())
       tensorizer::fail(ErrorCode::kIO, "reading '" + s_->name + "' at offset " +
                                            std::to_string(offset) + " failed: " + failure);
@@ -157,17 +166,12 @@ class PyFileSink final : public tensorizer::Sink {
     }
     std::lock_guard<std::mutex> lock(mu_);
     nb::gil_scoped_acquire gil;
-    std::string failure;
-    try {
+    const std::string failure = python_failure("write() returned an unexpected value", [&] {
       for (size_t i = 0; i < count; ++i) {
         write_py(offset, static_cast<char*>(slices[i].data), slices[i].size);
         offset += slices[i].size;
       }
-    } catch (nb::python_error& e) {
-      failure = python_message(e);
-    } catch (const nb::cast_error& e) {
-      failure = std::string("write() returned an unexpected value (") + e.what() + ")";
-    }
+    });
     if (!failure.empty())
       tensorizer::fail(ErrorCode::kIO, "writing to '" + name_ + "' failed: " + failure);
   }
