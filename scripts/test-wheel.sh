@@ -10,7 +10,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PY:-python3}
 wheel=$(bash "$root/scripts/build-wheel.sh" | tail -n 1)
 echo "test-wheel: $wheel ($(du -h "$wheel" | cut -f1))"
-"$py" -m auditwheel show "$wheel" | tee /dev/stderr | tr -s ' \n' ' ' | grep -q 'consistent with the following platform tag: "manylinux_' \
+# Printed with echo, not `tee /dev/stderr`: tee would reopen (and truncate) a log file on stderr.
+report=$("$py" -m auditwheel show "$wheel")
+echo "$report"
+echo "$report" | tr -s ' \n' ' ' | grep -q 'consistent with the following platform tag: "manylinux_' \
   || { echo "test-wheel: auditwheel does not call $wheel manylinux-consistent" >&2; exit 1; }
 venv=$(mktemp -d "${TMPDIR:-/tmp}/tz-wheel-venv.XXXXXX")
 trap 'rm -rf "$venv"' EXIT
