@@ -46,9 +46,23 @@ struct EncryptionParams {
                                           std::optional<std::array<uint8_t, 16>> salt = {});
 };
 
+// The most Argon2id work a reader does for a passphrase. The cost a file asks for is checked
+// against it before any derivation, so a hostile file cannot make a load spend minutes or all of
+// RAM deriving a key. The default admits every preset (SENSITIVE: opslimit 4, memlimit 1 GiB);
+// files written with larger custom costs need it raised, here or with the environment variables
+// $TENSORIZER_MAX_KDF_OPSLIMIT and $TENSORIZER_MAX_KDF_MEMLIMIT (bytes), which set the default.
+struct KdfLimits {
+  uint64_t opslimit = OpsLimit::kSensitive;
+  uint64_t memlimit = MemLimit::kSensitive;
+
+  // The defaults above, overridden by the environment; throws kInvalidArgument on a bad value.
+  static KdfLimits from_env();
+};
+
 struct DecryptionParams {
   std::optional<Key> key;                 // works for any encrypted file
   std::optional<std::string> passphrase;  // only for files encrypted from a passphrase
+  KdfLimits max_kdf = KdfLimits::from_env();
 
   static DecryptionParams from_key(const Key& k) { return {k, std::nullopt}; }
   static DecryptionParams from_passphrase(std::string p) { return {std::nullopt, std::move(p)}; }

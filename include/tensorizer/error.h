@@ -6,8 +6,10 @@
 // they are known. Thread-safety: plain value type.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace tensorizer {
 
@@ -36,5 +38,11 @@ class Error : public std::runtime_error {
 
 // Throws Error(code, message). Kept out of line so hot paths stay small.
 [[noreturn]] void fail(ErrorCode code, const std::string& message);
+
+// Untrusted bytes (a name or dtype read from a file) as a message shows them: well-formed UTF-8
+// stays as it is, except that NUL and other control bytes, backslashes and malformed bytes become
+// \xNN escapes, so nothing is hidden and nothing cuts the message short; longer than `max` bytes
+// are cut, with "..." after them.
+std::string shown_bytes(std::string_view bytes, size_t max = 200);
 
 }  // namespace tensorizer

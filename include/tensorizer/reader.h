@@ -31,8 +31,10 @@ struct ReaderOptions {
 };
 
 struct TensorDestination {
-  size_t entry;  // index into Reader::entries()
-  void* data;    // entries()[entry].expected_bytes() writable bytes
+  size_t entry;         // index into Reader::entries()
+  void* data;           // entries()[entry].expected_bytes() writable bytes
+  bool zeroed = false;  // already all zeros (fresh anonymous memory): a meta tensor writes nothing,
+                        // so its declared size commits no memory until it is touched
 };
 
 struct LoadOptions {

@@ -38,7 +38,8 @@ std::string encode_path(const TensorPath& path);
 // Parses on-disk name bytes. Throws kFormat for an empty name or malformed structured JSON.
 TensorPath decode_path(std::string_view bytes);
 
-// Human-readable form for messages: the plain string, or the JSON array.
+// Human-readable form for messages: the plain string, or the JSON array, with control and
+// malformed bytes escaped (shown_bytes, uncut).
 std::string display_path(const TensorPath& path);
 
 }  // namespace tensorizer

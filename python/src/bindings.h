@@ -36,9 +36,11 @@ tensorizer::TensorPath path_from_python(nb::handle obj);
 // A TensorPath as a Python tuple of str/int components.
 nb::tuple path_to_python(const tensorizer::TensorPath& path);
 
-// Decryption from (key: bytes | None, passphrase: bytes | None); nullopt when both are None.
+// Decryption from (key: bytes | None, passphrase: bytes | None, kdf_limits: KdfLimits | None, the
+// default); nullopt when key and passphrase are None.
 std::optional<tensorizer::DecryptionParams> decryption_from_python(nb::handle key,
-                                                                   nb::handle passphrase);
+                                                                   nb::handle passphrase,
+                                                                   nb::handle kdf_limits);
 // Encryption from (key: bytes, kdf: (opslimit, memlimit, salt) | None); nullopt when key is None.
 std::optional<tensorizer::EncryptionParams> encryption_from_python(nb::handle key, nb::handle kdf);
 

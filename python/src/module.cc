@@ -121,14 +121,17 @@ tensorizer::Key key_from_bytes(nb::handle obj, const char* what) {
 }  // namespace
 
 std::optional<tensorizer::DecryptionParams> decryption_from_python(nb::handle key,
-                                                                   nb::handle passphrase) {
-  if (!key.is_none())
-    return tensorizer::DecryptionParams::from_key(key_from_bytes(key, "decryption key"));
-  if (!passphrase.is_none()) {
+                                                                   nb::handle passphrase,
+                                                                   nb::handle kdf_limits) {
+  std::optional<tensorizer::DecryptionParams> p;
+  if (!key.is_none()) {
+    p = tensorizer::DecryptionParams::from_key(key_from_bytes(key, "decryption key"));
+  } else if (!passphrase.is_none()) {
     nb::bytes b = nb::cast<nb::bytes>(passphrase);
-    return tensorizer::DecryptionParams::from_passphrase(std::string(b.c_str(), b.size()));
+    p = tensorizer::DecryptionParams::from_passphrase(std::string(b.c_str(), b.size()));
   }
-  return std::nullopt;
+  if (p && !kdf_limits.is_none()) p->max_kdf = nb::cast<tensorizer::KdfLimits>(kdf_limits);
+  return p;
 }
 
 std::optional<tensorizer::EncryptionParams> encryption_from_python(nb::handle key, nb::handle kdf) {
@@ -167,6 +170,15 @@ void register_common(nb::module_& m) {
       "(numpy part, torch dtype name or '', item size, opaque) of a dtype string.");
 
   // Keys (docs/format.md §3.2).
+  nb::class_<tensorizer::KdfLimits>(
+      m, "KdfLimits",
+      "The most Argon2id work a load does for a passphrase (defaults: "
+      "opslimit 4, memlimit 1 GiB, or $TENSORIZER_MAX_KDF_OPSLIMIT/"
+      "$TENSORIZER_MAX_KDF_MEMLIMIT).")
+      .def("__init__",
+           [](tensorizer::KdfLimits* l) { new (l) auto(tensorizer::KdfLimits::from_env()); })
+      .def_rw("opslimit", &tensorizer::KdfLimits::opslimit)
+      .def_rw("memlimit", &tensorizer::KdfLimits::memlimit);
   m.def(
       "derive_key",
       [](nb::bytes passphrase, uint64_t opslimit, uint64_t memlimit, nb::bytes salt) {

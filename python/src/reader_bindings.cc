@@ -56,10 +56,10 @@ class PyReader {
 
   // `target`: anything source_from_python takes (path, URI, descriptor, file object, stream).
   static PyReader* open(nb::handle target, const tensorizer::TransportOptions& transport,
-                        nb::handle key, nb::handle passphrase) {
+                        nb::handle key, nb::handle passphrase, nb::handle kdf_limits) {
     tensorizer::ReaderOptions opt;
     opt.transport = transport;
-    opt.decryption = decryption_from_python(key, passphrase);
+    opt.decryption = decryption_from_python(key, passphrase, kdf_limits);
     std::unique_ptr<tensorizer::Source> source = source_from_python(target, transport);
     std::unique_ptr<Reader> r;
     {
@@ -287,7 +287,7 @@ void register_reader(nb::module_& m) {
   nb::class_<PyReader>(m, "Reader")
       .def_static("open", &PyReader::open, nb::arg("target"), nb::arg("transport"),
                   nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
-                  nb::rv_policy::take_ownership,
+                  nb::arg("kdf_limits").none() = nb::none(), nb::rv_policy::take_ownership,
                   "Opens a path, URI, file descriptor, binary file object or _C.Source.")
       .def("entries", &PyReader::entries)
       .def(

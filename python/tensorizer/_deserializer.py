@@ -182,11 +182,11 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                 "encryption parameter: expected DecryptionParams instance"
                 f" or None, {encryption.__class__.__name__} found"
             )
-        key, passphrase = encryption._engine_args() if encryption is not None else (None, None)
+        key, passphrase, kdf_limits = encryption._engine_args() if encryption is not None else (None, None, None)
         self._encrypted = encryption is not None
 
         options = stream_io._transport_options(connect_timeout=connect_timeout, stall_timeout=stall_timeout)
-        self._reader = self._open(file_obj, options, key, passphrase)
+        self._reader = self._open(file_obj, options, key, passphrase, kdf_limits)
         self._cache_status = self._reader.cache_status  # the HTTP probe's answer; kept after close
         self._file_label = self._reader.uri
         reader = self._reader
@@ -231,13 +231,13 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     # -- opening -----------------------------------------------------------------------------
 
-    def _open(self, file_obj: Any, options: "_C.TransportOptions", key, passphrase):
+    def _open(self, file_obj: Any, options: "_C.TransportOptions", key, passphrase, kdf_limits):
         """The engine reader over `file_obj`; the engine decides what kind of source it is."""
         if not isinstance(file_obj, (str, bytes, os.PathLike, int)):
             if not isinstance(file_obj, stream_io._EngineStreamFile):
                 self._mode_check(file_obj)
             self._file = file_obj
-        return _C.Reader.open(file_obj, options, key, passphrase)
+        return _C.Reader.open(file_obj, options, key, passphrase, kdf_limits)
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:

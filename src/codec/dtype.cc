@@ -71,9 +71,7 @@ const TorchDType* find_torch(std::string_view name) {
 }
 
 [[noreturn]] void bad_dtype(std::string_view s, const char* why) {
-  std::string shown;
-  for (char c : s) shown += (c == '\0') ? std::string("\\0") : std::string(1, c);
-  fail(ErrorCode::kFormat, "invalid dtype string '" + shown + "': " + why);
+  fail(ErrorCode::kFormat, "invalid dtype string '" + shown_bytes(s) + "': " + why);
 }
 
 }  // namespace
@@ -92,6 +90,8 @@ std::string DType::torch_name() const {
 
 DType parse_dtype(std::string_view s) {
   DType d;
+  for (char c : s)
+    if (c != '\0' && (c < 0x20 || c > 0x7e)) bad_dtype(s, "a byte that is not printable ASCII");
   size_t nul = s.find('\0');
   std::string_view np = s.substr(0, nul);
   if (nul != std::string_view::npos) {

@@ -1,6 +1,7 @@
 // Index (metadata block) codec and the path rules of docs/format.md §1.4 and §2.2. Pure: no I/O.
 #include "codec/bytes.h"
 #include "codec/path_rules.h"
+#include "codec/utf8.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/format.h"
 
@@ -11,7 +12,7 @@ namespace {
 constexpr uint64_t kMaxHeaderSize = uint64_t{1} << 30;
 
 std::string entry_label(size_t i, const std::string& name) {
-  return "index entry " + std::to_string(i) + " ('" + name + "')";
+  return "index entry " + std::to_string(i) + " ('" + shown_bytes(name) + "')";
 }
 
 }  // namespace
@@ -57,7 +58,9 @@ std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const File
     }
     uint16_t name_len = c.read<uint16_t>("tensor name length");
     e.name = std::string(c.bytes(name_len, "tensor name"));
-    const std::string label = entry_label(i, e.name.substr(0, 200));
+    const std::string label = entry_label(i, e.name);
+    if (!codec::is_utf8(e.name))
+      fail(ErrorCode::kFormat, label + ": the tensor name is not valid UTF-8");
     try {
       e.path = decode_path(e.name);
     } catch (const Error& err) {

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "codec/utf8.h"
 #include "tensorizer/error.h"
 
 namespace tensorizer {
@@ -11,40 +12,15 @@ namespace {
 constexpr char kStructuredMarker = '\x1e';
 
 [[noreturn]] void bad_name(std::string_view bytes, const std::string& why) {
-  std::string shown;
-  for (char c : bytes.substr(0, 80)) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) {
-      shown += c;
-    } else {
-      char b[16];
-      std::snprintf(b, sizeof b, "\\x%02x", u);
-      shown += b;
-    }
-  }
-  fail(ErrorCode::kFormat, "invalid tensor name '" + shown + "': " + why);
+  fail(ErrorCode::kFormat, "invalid tensor name '" + shown_bytes(bytes, 80) + "': " + why);
 }
 
 // Decodes one UTF-8 code point at s[i], advancing i. Throws on invalid UTF-8.
 uint32_t next_code_point(std::string_view s, size_t& i) {
-  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  unsigned char b0 = byte(i);
-  int extra = b0 < 0x80             ? 0
-              : (b0 & 0xe0) == 0xc0 ? 1
-              : (b0 & 0xf0) == 0xe0 ? 2
-              : (b0 & 0xf8) == 0xf0 ? 3
-                                    : -1;
-  if (extra < 0) fail(ErrorCode::kInvalidArgument, "tensor name is not valid UTF-8");
-  uint32_t cp = extra == 0 ? b0 : (b0 & (0x3f >> extra));
-  for (int k = 1; k <= extra; ++k) {
-    if (i + k >= s.size() || (byte(i + k) & 0xc0) != 0x80)
-      fail(ErrorCode::kInvalidArgument, "tensor name is not valid UTF-8");
-    cp = (cp << 6) | (byte(i + k) & 0x3f);
-  }
-  static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-    fail(ErrorCode::kInvalidArgument, "tensor name is not valid UTF-8");
-  i += extra + 1;
+  uint32_t cp = 0;
+  const size_t n = codec::utf8_sequence(s, i, &cp);
+  if (n == 0) fail(ErrorCode::kInvalidArgument, "tensor name is not valid UTF-8");
+  i += n;
   return cp;
 }
 
@@ -295,9 +271,10 @@ TensorPath decode_path(std::string_view bytes) {
 }
 
 std::string display_path(const TensorPath& path) {
-  if (path.is_plain()) return std::get<std::string>(path.components[0]);
+  if (path.is_plain())
+    return shown_bytes(std::get<std::string>(path.components[0]), std::string::npos);
   try {
-    return encode_path(path).substr(1);
+    return shown_bytes(encode_path(path).substr(1), std::string::npos);
   } catch (const Error&) {
     return "<unprintable path>";
   }

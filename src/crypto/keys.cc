@@ -2,6 +2,8 @@
 // from a passphrase with libsodium's crypto_pwhash, and the per-reader cache of derived keys.
 #include <sodium.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "crypto/tensor_crypto.h"
@@ -23,7 +25,26 @@ void check_limits(uint64_t opslimit, uint64_t memlimit, ErrorCode code) {
                    std::to_string(crypto_pwhash_argon2id_MEMLIMIT_MAX) + "]");
 }
 
+uint64_t count_from_env(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (errno || *end || *v == '-' || n == 0)
+    fail(ErrorCode::kInvalidArgument,
+         std::string(name) + " must be a whole number greater than 0, not '" + v + "'");
+  return n;
+}
+
 }  // namespace
+
+KdfLimits KdfLimits::from_env() {
+  KdfLimits l;
+  l.opslimit = count_from_env("TENSORIZER_MAX_KDF_OPSLIMIT", l.opslimit);
+  l.memlimit = count_from_env("TENSORIZER_MAX_KDF_MEMLIMIT", l.memlimit);
+  return l;
+}
 
 namespace crypto {
 

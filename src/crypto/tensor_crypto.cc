@@ -36,19 +36,25 @@ uint64_t chunks_for(uint64_t length, uint64_t chunk) {
 }
 
 // Argon2id parameters come from the file, so a hostile one could ask for hours of work or more
-// memory than the machine has. Refuse work above 64 x SENSITIVE (4 passes over 1 GiB, ~3 s), about
-// three minutes, and memory above the machine's RAM; every preset is far below both.
-constexpr uint64_t kMaxKdfWork = uint64_t{256} << 30;  // opslimit x memlimit, in bytes
-
-void check_file_kdf(uint64_t opslimit, uint64_t memlimit) {
+// memory than the machine has: they are checked against the reader's limits (and the machine's
+// RAM) before anything is derived.
+void check_file_kdf(uint64_t opslimit, uint64_t memlimit, const KdfLimits& limits) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   const uint64_t ram = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : UINT64_MAX;
-  uint64_t work = 0;
-  if (memlimit > ram || __builtin_mul_overflow(opslimit, memlimit, &work) || work > kMaxKdfWork)
+  if (opslimit > limits.opslimit || memlimit > limits.memlimit)
     fail(ErrorCode::kCrypto,
-         "refusing the file's key derivation parameters (opslimit " + std::to_string(opslimit) +
-             ", memlimit " + std::to_string(memlimit) +
-             " bytes): far beyond any preset, more work or memory than this reader allows");
+         "refusing the key derivation cost the file asks for (Argon2id opslimit " +
+             std::to_string(opslimit) + ", memlimit " + std::to_string(memlimit) +
+             " bytes): above this reader's limit (opslimit " + std::to_string(limits.opslimit) +
+             ", memlimit " + std::to_string(limits.memlimit) +
+             " bytes). If the file is trusted, raise the limit: DecryptionParams.from_string(..., "
+             "max_opslimit=, max_memlimit=) in Python, KdfLimits in C++, or "
+             "$TENSORIZER_MAX_KDF_OPSLIMIT and $TENSORIZER_MAX_KDF_MEMLIMIT");
+  if (memlimit > ram)
+    fail(ErrorCode::kCrypto,
+         "refusing the key derivation cost the file asks for (Argon2id memlimit " +
+             std::to_string(memlimit) + " bytes): more than this machine's " + std::to_string(ram) +
+             " bytes of RAM");
 }
 
 }  // namespace
@@ -122,7 +128,7 @@ std::unique_ptr<TensorDecryptor> TensorDecryptor::create(std::string_view crypt_
       fail(ErrorCode::kCrypto, "key derivation salt of " + std::to_string(k.salt.size()) +
                                    " bytes (Argon2id needs " + std::to_string(kdf.salt.size()) +
                                    ")");
-    check_file_kdf(k.opslimit, k.memlimit);
+    check_file_kdf(k.opslimit, k.memlimit, params.max_kdf);
     kdf.opslimit = k.opslimit;
     kdf.memlimit = k.memlimit;
     std::memcpy(kdf.salt.data(), k.salt.data(), kdf.salt.size());

@@ -12,6 +12,12 @@
 namespace tensorizer::engine {
 
 std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size, bool huge_pages) {
+  // A size the file declares (a meta tensor's) may exceed any address space: refuse it before
+  // the rounding below could wrap.
+  constexpr size_t kMaxBytes = size_t{1} << 47;  // x86-64 and arm64 user address space
+  if (size > kMaxBytes)
+    fail(ErrorCode::kInvalidArgument, "cannot allocate " + std::to_string(size) +
+                                          " bytes of host memory: more than a process can address");
   size_t rounded = (size + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   if (rounded == 0) rounded = kHugePageBytes;
   const size_t padded = rounded + kHugePageBytes;

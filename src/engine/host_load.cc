@@ -119,7 +119,7 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
   std::vector<TensorDestination> dests;
   dests.reserve(entries.size());
   for (size_t k = 0; k < entries.size(); ++k)
-    dests.push_back({entries[k], block->data() + offsets[k]});
+    dests.push_back({entries[k], block->data() + offsets[k], /*zeroed=*/true});
   LoadOptions copy_options = opt;
   copy_options.advise_huge_pages = false;  // see HostBlock::anonymous
   r.load(dests, copy_options);

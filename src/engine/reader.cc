@@ -282,7 +282,7 @@ class LoadJob {
                                        e.long_shape());
     check_header_matches_entry(info->header, e);
     info->module_idx = info->header.module_idx;
-    if (e.is_meta()) std::memset(d.data, 0, e.expected_bytes());
+    if (e.is_meta() && !d.zeroed) std::memset(d.data, 0, e.expected_bytes());
     // The header just read is what this load decrypts and verifies with (replacing any earlier
     // copy: references from read_header()/loaded_info() last until the next load of the tensor).
     r_.loaded[d.entry] = std::move(info);

@@ -319,8 +319,13 @@ TEST(ChunkedSecretboxTest, DecryptorRejectsInconsistentInfo) {
             ErrorCode::kCrypto);
   // Hostile key-derivation costs from a file are refused before any work (not hours of Argon2id).
   kdf.algorithm = 2;
-  for (auto [ops, mem] : std::vector<std::pair<uint64_t, uint64_t>>{
-           {4294967295ull, 8192}, {1, 4398046510080ull}, {1000, 1ull << 30}}) {
+  for (auto [ops, mem] : std::vector<std::pair<uint64_t, uint64_t>>{{4294967295ull, 8192},
+                                                                    {1, 4398046510080ull},
+                                                                    {1000, 1ull << 30},
+                                                                    {256, 1ull << 30},
+                                                                    {4, 16ull << 30},
+                                                                    {5, 8192},
+                                                                    {4, (1ull << 30) + 1}}) {
     kdf.opslimit = ops;
     kdf.memlimit = mem;
     const std::string costly = crypto::encode_crypt_info(&kdf, p);
@@ -328,6 +333,20 @@ TEST(ChunkedSecretboxTest, DecryptorRejectsInconsistentInfo) {
               ErrorCode::kCrypto)
         << ops << " " << mem;
   }
+  // The refusal names the file's cost and the knobs; a raised limit admits the file.
+  kdf.opslimit = 5;
+  kdf.memlimit = 8192;
+  const std::string five = crypto::encode_crypt_info(&kdf, p);
+  try {
+    crypto::TensorDecryptor::create(five, 4 << 20, pass, cache);
+    ADD_FAILURE() << "opslimit 5 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("opslimit 5, memlimit 8192 bytes"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("TENSORIZER_MAX_KDF_OPSLIMIT"), std::string::npos);
+  }
+  DecryptionParams raised = pass;
+  raised.max_kdf.opslimit = 5;
+  EXPECT_NE(crypto::TensorDecryptor::create(five, 4 << 20, raised, cache), nullptr);
   // An empty CryptInfo means "not encrypted".
   EXPECT_EQ(crypto::TensorDecryptor::create(std::string(2, '\0'), 0, key, cache), nullptr);
 }

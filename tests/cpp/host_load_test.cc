@@ -5,6 +5,7 @@
 #include "tensorizer/host_load.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -227,6 +228,59 @@ TEST(HostLoadFixtures, EncryptedFilesAreCopied) {
     EXPECT_EQ(got[i].via, LoadedVia::kCopied);
     EXPECT_EQ(test::sha256_hex(got[i].data, got[i].size), tensors[i]["sha256"].get<std::string>())
         << i;
+  }
+}
+
+// A meta tensor's declared size is only a number in the file: loading it must commit no memory
+// (the zeros are fresh anonymous pages), and a size no process can address fails before any
+// allocation instead of wrapping round.
+TEST(HostLoadMeta, DeclaredSizesCommitNothingAndUnaddressableOnesFail) {
+  test::TempDir dir;
+  const std::string path = dir.path("meta.tensors");
+  const float small[3] = {1, 2, 3};
+  std::vector<WriteRequest> reqs(2);
+  reqs[0].path = TensorPath("big");
+  reqs[0].dtype = "<f2";
+  reqs[0].shape = {8, uint64_t{1} << 30};  // 16 GiB
+  reqs[0].meta = true;
+  reqs[1].path = TensorPath("small");
+  reqs[1].dtype = "<f4";
+  reqs[1].shape = {3};
+  reqs[1].data = small;
+  auto w = Writer::open(path, {});
+  w->write(reqs);
+  w->close();
+
+  for (HostRoute route : {HostRoute::kAuto, HostRoute::kCopy}) {
+    auto r = Reader::open(path);
+    LoadOptions opt;
+    opt.verify_hash = true;
+    auto out = load_to_host(*r, {0, 1}, opt, route);
+    ASSERT_EQ(out[0].size, size_t{16} << 30);
+    EXPECT_EQ(std::memcmp(out[1].data, small, sizeof small), 0);
+    // No page of the 16 GiB is resident; reading a few gives zeros.
+    const size_t page = 4096, pages = out[0].size / page;
+    std::vector<unsigned char> resident(pages);
+    ASSERT_EQ(mincore(out[0].data, out[0].size, resident.data()), 0);
+    size_t count = 0;
+    for (unsigned char c : resident) count += c & 1;
+    EXPECT_LT(count, 1024u);  // huge pages around the small tensor at most
+    EXPECT_EQ(out[0].data[0] | out[0].data[out[0].size / 2] | out[0].data[out[0].size - 1], 0);
+  }
+
+  reqs[0].shape = {uint64_t{1} << 62};  // 2^63 bytes of float16
+  reqs.resize(1);
+  const std::string huge = dir.path("huge.tensors");
+  auto w2 = Writer::open(huge, {});
+  w2->write(reqs);
+  w2->close();
+  auto r = Reader::open(huge);
+  try {
+    load_to_host(*r, {0});
+    ADD_FAILURE() << "a 2^63-byte meta tensor loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than a process can address"), std::string::npos)
+        << e.what();
   }
 }
 

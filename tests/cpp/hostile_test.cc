@@ -249,5 +249,57 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HostileTest, ::testing::ValuesIn(fixture_name
                            return n;
                          });
 
+// Names and dtypes are bytes from the file: a name that is not UTF-8 or a dtype that is not
+// printable ASCII is a format error naming the entry, and messages show such bytes escaped (a NUL
+// no longer cuts a message short).
+TEST(HostileNames, BadBytesInNamesAndDtypesAreFormatErrorsShownEscaped) {
+  EXPECT_EQ(shown_bytes(std::string("a\0b\xff\\c\xc3\xa9\n", 9)),
+            "a\\x00b\\xff\\x5cc\xc3\xa9\\x0a");
+  EXPECT_EQ(shown_bytes(std::string(300, 'x')), std::string(200, 'x') + "...");
+  EXPECT_EQ(shown_bytes("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate is not UTF-8
+
+  test::TempDir dir;
+  const float w[4] = {1, 2, 3, 4};
+  std::vector<WriteRequest> reqs(1);
+  reqs[0].path = TensorPath("zq7");
+  reqs[0].dtype = "<f4";
+  reqs[0].shape = {4};
+  reqs[0].data = w;
+  auto writer = Writer::open(dir.path("n.tensors"), {});
+  writer->write(reqs);
+  writer->close();
+  const std::string good = test::read_file(dir.path("n.tensors"));
+  const auto patched = [&](const std::string& from, const std::string& to) {
+    std::string b = good;
+    for (size_t at = b.find(from); at != std::string::npos; at = b.find(from, at + 1))
+      b.replace(at, from.size(), to);
+    return std::make_shared<const std::string>(b);
+  };
+  const auto message_of = [](std::shared_ptr<const std::string> bytes) -> std::string {
+    try {
+      Reader::open(make_memory_source(bytes, "mem://n"));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFormat);
+      return e.what();
+    }
+    return "(opened)";
+  };
+  EXPECT_EQ(message_of(patched("zq7",
+                               "z\xff"
+                               "7")),
+            "'mem://n': index entry 0 ('z\\xff7'): the tensor name is not valid UTF-8");
+  EXPECT_EQ(message_of(patched("<f4",
+                               "<\xff"
+                               "4")),
+            "'mem://n': index entry 0 ('zq7'): invalid dtype string '<\\xff4': a byte that is "
+            "not printable ASCII");
+  // A NUL inside a valid name loads (as in tensorizer); a message about it shows the NUL.
+  auto r = Reader::open(make_memory_source(patched("zq7", std::string("z\0"
+                                                                      "7",
+                                                                      3)),
+                                           "mem://n"));
+  EXPECT_EQ(display_path(r->entries()[0].path), "z\\x007");
+}
+
 }  // namespace
 }  // namespace tensorizer

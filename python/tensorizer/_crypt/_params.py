@@ -7,7 +7,7 @@ them in each tensor's header, which lets a reader derive the key again from the 
 
 import secrets
 from enum import IntEnum
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 _KEY_BYTES = 32
 _SALT_BYTES = 16
@@ -154,30 +154,56 @@ class EncryptionParams:
 
 
 class DecryptionParams:
-    """Decryption parameters for a TensorDeserializer: ``from_key`` or ``from_string``."""
+    """Decryption parameters for a TensorDeserializer: ``from_key`` or ``from_string``.
+
+    A passphrase-derived key costs what the file asks for; ``max_opslimit`` and ``max_memlimit``
+    cap that cost (defaults: ``OpsLimit.SENSITIVE`` and ``MemLimit.SENSITIVE``, or
+    ``$TENSORIZER_MAX_KDF_OPSLIMIT`` and ``$TENSORIZER_MAX_KDF_MEMLIMIT``), so a hostile file is
+    refused before any derivation instead of spending minutes or all of RAM on it.
+    """
 
     key: Optional[bytes]
     source: Optional[bytes]
+    max_opslimit: Optional[int]
+    max_memlimit: Optional[int]
 
     def __init__(self):
         self.key = None
         self.source = None
+        self.max_opslimit = None
+        self.max_memlimit = None
 
     def __repr__(self) -> str:
         kind = "key" if self.key is not None else "passphrase" if self.source else "empty"
         return f"<DecryptionParams ({kind})>"
 
     @classmethod
-    def from_string(cls, source: Union[str, bytes], *, encoding: str = "utf-8") -> "DecryptionParams":
-        """Decrypt files written with ``EncryptionParams.from_string(source)``."""
+    def from_string(
+        cls,
+        source: Union[str, bytes],
+        *,
+        encoding: str = "utf-8",
+        max_opslimit: Optional[int] = None,
+        max_memlimit: Optional[int] = None,
+    ) -> "DecryptionParams":
+        """Decrypt files written with ``EncryptionParams.from_string(source)``.
+
+        ``max_opslimit``/``max_memlimit`` raise the Argon2id cost a file may ask for (see the
+        class docstring); None keeps the default.
+        """
         if not source:
             raise ValueError("Source cannot be empty")
         if isinstance(source, str):
             source = source.encode(encoding)
         elif not isinstance(source, bytes):
             raise TypeError("Invalid source type: must be str or bytes")
+        for name, limit in (("max_opslimit", max_opslimit), ("max_memlimit", max_memlimit)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{name} must be a positive int or None, not {limit!r}")
         params = cls()
         params.source = source
+        params.max_opslimit = None if max_opslimit is None else int(max_opslimit)
+        params.max_memlimit = None if max_memlimit is None else int(max_memlimit)
         return params
 
     @classmethod
@@ -198,7 +224,13 @@ class DecryptionParams:
         params.key = bytes(key)
         return params
 
-    def _engine_args(self) -> Tuple[Optional[bytes], Optional[bytes]]:
+    def _engine_args(self) -> Tuple[Optional[bytes], Optional[bytes], Any]:
+        """(key, passphrase, _C.KdfLimits) for _C.Reader.open."""
         if self.key is None and self.source is None:
             raise ValueError("Invalid DecryptionParams, no key or source string provided")
-        return self.key, self.source
+        limits = _engine().KdfLimits()
+        if self.max_opslimit is not None:
+            limits.opslimit = self.max_opslimit
+        if self.max_memlimit is not None:
+            limits.memlimit = self.max_memlimit
+        return self.key, self.source, limits
