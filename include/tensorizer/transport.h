@@ -123,7 +123,11 @@ struct RetryOptions {
 
 // Local files.
 struct FileOptions {
-  bool sync_on_commit = false;  // fsync before the rename that publishes a written file
+  bool sync_on_commit = false;  // fsync the file before publishing it, and its directory after
+  // Write through an unnamed O_TMPFILE inode where the file system has one (a killed writer
+  // leaves nothing); false, or where it has none: a hidden ".NAME.tmp-N" file beside the target,
+  // removed by the next write into that directory if its writer died.
+  bool unnamed_temp = true;
 };
 
 // Everything open_source/open_sink may need; each transport is handed only its own parts.

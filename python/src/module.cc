@@ -269,7 +269,8 @@ void register_common(nb::module_& m) {
       .def_rw("retry_delay_s", &RetryOptions::retry_delay_s);
   nb::class_<FileOptions>(m, "FileOptions")
       .def(nb::init<>())
-      .def_rw("sync_on_commit", &FileOptions::sync_on_commit);
+      .def_rw("sync_on_commit", &FileOptions::sync_on_commit)
+      .def_rw("unnamed_temp", &FileOptions::unnamed_temp);
   nb::class_<TransportOptions>(m, "TransportOptions")
       .def(nb::init<>())
       .def_rw("http", &TransportOptions::http)

@@ -1,8 +1,8 @@
 // Local file transport: pread/preadv for reads, a temporary file plus rename for writes.
 //
 // Reads use preadv(2) straight into the caller's slices (one copy, kernel to destination).
-// Writes go to a hidden temporary file beside the target and are renamed over it on commit, so
-// the final path never holds a partial file.
+// Writes go to a private file beside the target, published over it on commit (temp_file.h), so
+// the final path never holds a partial file and a killed writer leaves nothing behind.
 #include "transport/file.h"
 
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include <random>
 
 #include "tensorizer/error.h"
+#include "transport/temp_file.h"
 
 namespace tensorizer {
 namespace {
@@ -128,30 +129,15 @@ class FileSource final : public Source {
 
 class FileSink final : public Sink {
  public:
-  FileSink(std::string path, bool sync_on_commit) : path_(std::move(path)), sync_(sync_on_commit) {
-    namespace fs = std::filesystem;
-    fs::path target(path_);
-    fs::path dir = target.parent_path();
-    if (!dir.empty()) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-    }
-    std::random_device rd;
-    for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
-      std::string name = ".";
-      name.append(target.filename().string()).append(".tmp-").append(std::to_string(rd()));
-      temp_ = (dir / name).string();
-      fd_ = ::open(temp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd_ < 0 && errno != EEXIST) fail_errno("cannot create temporary file for", path_, errno);
-    }
-    if (fd_ < 0) fail_errno("cannot create temporary file for", path_, errno);
-  }
+  FileSink(std::string path, const FileOptions& options)
+      : path_(std::move(path)), sync_(options.sync_on_commit), file_(path_, options.unnamed_temp) {}
   ~FileSink() override { abort(); }
 
   void write_gather(uint64_t offset, const IoSlice* slices, size_t count) override {
+    if (file_.fd() < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
     uint64_t total = 0;
     std::vector<iovec> iov = to_iovecs(slices, count, total);
-    int fd = fd_;
+    int fd = file_.fd();
     transfer_all(
         iov, offset,
         [fd](const iovec* v, int n, uint64_t off) {
@@ -161,44 +147,18 @@ class FileSink final : public Sink {
   }
 
   void reserve(uint64_t size) override {
-    if (fd_ >= 0 && size > 0) (void)::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+    if (file_.fd() >= 0 && size > 0)
+      (void)::posix_fallocate(file_.fd(), 0, static_cast<off_t>(size));
   }
 
-  void commit() override {
-    if (fd_ < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
-    if (sync_ && ::fsync(fd_) != 0) fail_errno("fsync failed for", path_, errno);
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      fail_errno("close failed for", path_, errno);
-    }
-    fd_ = -1;
-    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
-      int err = errno;
-      ::unlink(temp_.c_str());
-      fail_errno("cannot move the finished file into place at", path_, err);
-    }
-    committed_ = true;
-  }
-
-  void abort() override {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-    if (!committed_ && !temp_.empty()) {
-      ::unlink(temp_.c_str());
-      temp_.clear();
-    }
-  }
-
+  void commit() override { file_.publish(sync_); }
+  void abort() override { file_.discard(); }
   const std::string& uri() const override { return path_; }
 
  private:
   std::string path_;
-  std::string temp_;
   bool sync_;
-  int fd_ = -1;
-  bool committed_ = false;
+  TempFile file_;
 };
 
 }  // namespace
@@ -214,7 +174,7 @@ std::unique_ptr<Source> open_file_source(const std::string& path) {
 }
 
 std::unique_ptr<Sink> open_file_sink(const std::string& path, const FileOptions& options) {
-  return std::make_unique<FileSink>(path, options.sync_on_commit);
+  return std::make_unique<FileSink>(path, options);
 }
 
 }  // namespace tensorizer

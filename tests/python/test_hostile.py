@@ -5,6 +5,7 @@ reader allows, a tiny file declaring a 16 GiB meta tensor, names and dtypes that
 (Misbehaving servers are in test_stalls.py, interrupted loads in test_interrupts.py.)
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -148,3 +149,69 @@ def test_a_nul_in_a_name_loads_and_errors_about_it_show_it(named_file):
         TensorDeserializer(bad, verify_hash=True)
     assert "z\\x007" in str(e.value), str(e.value)
     assert str(e.value).index("z\\x007") < len(str(e.value)) - 10  # not cut short at the NUL
+
+
+# -- Writers killed mid-write ----------------------------------------------------------------
+
+# Imports torch once, then per line "VERSION DELAY" from stdin forks a writer of that version (one
+# thread, so nothing of OpenMP's is inherited by the fork), SIGKILLs it after DELAY seconds unless
+# DELAY is negative (the writer is not reaped before, so the pid is still its own), and prints 1
+# when the writer finished, 0 when the kill ended it.
+WRITER_SERVER = textwrap.dedent(
+    """
+    import os, signal, sys, time, torch
+    torch.set_num_threads(1)
+    from tensorizer import TensorSerializer
+    for line in sys.stdin:
+        version, delay = int(line.split()[0]), float(line.split()[1])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                tensors = {f"t{i}": torch.full((1 << 20,), float(version)) for i in range(16)}
+                s = TensorSerializer(sys.argv[1])
+                s.write_state_dict(tensors)
+                s.close()
+            finally:
+                os._exit(0)
+        if delay >= 0:
+            time.sleep(delay)
+            os.kill(pid, signal.SIGKILL)
+        print(int(os.WIFEXITED(os.waitpid(pid, 0)[1])), flush=True)
+    """
+)
+
+
+def test_writers_killed_at_random_points_leave_the_destination_whole_and_nothing_behind(tmp_path):
+    import random
+
+    dest = tmp_path / "model.tensors"
+    server = subprocess.Popen(
+        [sys.executable, "-c", WRITER_SERVER, str(dest)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    rng = random.Random(7)
+
+    def write(version, kill_after=-1.0):
+        server.stdin.write(f"{version} {kill_after}\n")
+        server.stdin.flush()
+        return server.stdout.readline().strip() == "1"
+
+    try:
+        assert write(0)
+        whole = 0  # the version the destination holds
+        for version in range(1, 21):
+            finished = write(version, kill_after=rng.uniform(0, 0.4))
+            d = TensorDeserializer(dest)
+            assert sorted(d.keys()) == sorted(f"t{i}" for i in range(16))
+            # The old version or the new one (a writer killed after publishing), whole.
+            found = float(d["t0"].detach()[0])
+            assert found in (whole, version) and (found == version or not finished), (found, version)
+            for name in d.keys():
+                assert torch.equal(d[name], torch.full((1 << 20,), found)), (version, name)
+            whole = found
+            d.close()
+            assert len(os.listdir(tmp_path)) <= 2  # the destination and at most one dead temp file
+        assert write(21)
+        assert os.listdir(tmp_path) == ["model.tensors"]
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)
