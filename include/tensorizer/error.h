@@ -22,7 +22,8 @@ enum class ErrorCode {
   kHashMismatch,        // stored CRC32/SHA-256 disagrees with the bytes
   kCrypto,              // encryption/decryption problem (wrong key, MAC failure, mismatch)
   kUnsupported,         // valid input this build does not handle (e.g. unknown dtype)
-  kCancelled,           // another worker failed first
+  kCancelled,           // another worker failed first, or the caller cancelled (cancel.h)
+  kDeadline,            // a deadline the caller set passed (cancel.h)
 };
 
 const char* error_code_name(ErrorCode code);

@@ -43,6 +43,8 @@ PyObject* exception_for(ErrorCode code) {
       return PyExc_NotImplementedError;
     case ErrorCode::kCancelled:
       return PyExc_RuntimeError;
+    case ErrorCode::kDeadline:
+      return PyExc_TimeoutError;
   }
   if (!name) return PyExc_RuntimeError;
   PyObject* mod = PyImport_ImportModule("tensorizer._errors");

@@ -22,6 +22,8 @@
 #include <mutex>
 
 #include "bindings.h"
+#include "interruptible.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 
 namespace tzpy {
@@ -117,6 +119,7 @@ class PyFileSource final : public tensorizer::Source {
   void read_fully(uint64_t offset, char* p, size_t n) {
     const bool has_readinto = nb::hasattr(s_->file, "readinto");
     while (n > 0) {
+      tensorizer::check_cancelled();  // a slow file object must not outlast Ctrl-C
       size_t got = 0;
       if (has_readinto) {
         nb::object view =
@@ -288,8 +291,7 @@ bool seekable(nb::handle file) {
 
 std::unique_ptr<tensorizer::Source> open_uri(const std::string& uri,
                                              const tensorizer::TransportOptions& transport) {
-  nb::gil_scoped_release release;
-  return tensorizer::open_source(uri, transport);
+  return interruptible([&] { return tensorizer::open_source(uri, transport); });
 }
 
 }  // namespace
@@ -327,8 +329,7 @@ std::unique_ptr<tensorizer::Sink> sink_from_python(nb::handle obj,
     if (nb::hasattr(obj, "flush")) obj.attr("flush")();  // bytes it buffered come first
     return std::make_unique<PyFileSink>(nb::borrow(obj), regular_fd(obj), file_label(obj));
   }
-  nb::gil_scoped_release release;
-  return tensorizer::open_sink(uri, transport);
+  return interruptible([&] { return tensorizer::open_sink(uri, transport); });
 }
 
 }  // namespace tzpy

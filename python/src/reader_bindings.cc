@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <utility>
 
 #include "bindings.h"
+#include "interruptible.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
 #include "tensorizer/host_load.h"
@@ -56,17 +58,24 @@ class PyReader {
 
   // `target`: anything source_from_python takes (path, URI, descriptor, file object, stream).
   static PyReader* open(nb::handle target, const tensorizer::TransportOptions& transport,
-                        nb::handle key, nb::handle passphrase, nb::handle kdf_limits) {
+                        nb::handle key, nb::handle passphrase, nb::handle kdf_limits,
+                        double deadline_s) {
     tensorizer::ReaderOptions opt;
     opt.transport = transport;
     opt.decryption = decryption_from_python(key, passphrase, kdf_limits);
     std::unique_ptr<tensorizer::Source> source = source_from_python(target, transport);
-    std::unique_ptr<Reader> r;
-    {
-      nb::gil_scoped_release release;
-      r = Reader::open(std::move(source), opt);
+    std::optional<Deadline> deadline;
+    if (deadline_s > 0) {
+      deadline = Deadline{tensorizer::CancelToken::Clock::now() +
+                              std::chrono::duration_cast<tensorizer::CancelToken::Clock::duration>(
+                                  std::chrono::duration<double>(deadline_s)),
+                          deadline_s, "loading '" + source->uri() + "'"};
     }
-    return new PyReader(std::move(r));
+    std::unique_ptr<Reader> r =
+        interruptible([&] { return Reader::open(std::move(source), opt); }, deadline);
+    auto* out = new PyReader(std::move(r));
+    out->deadline_ = std::move(deadline);
+    return out;
   }
 
   Reader& get() {
@@ -120,12 +129,12 @@ class PyReader {
     tensorizer::LoadOptions opt;
     opt.num_workers = num_workers;
     opt.verify_hash = verify_hash;
-    std::vector<tensorizer::HostTensor> loaded;
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      loaded = tensorizer::load_to_host(r, indices, opt, found->second);
-    }
+    std::vector<tensorizer::HostTensor> loaded = interruptible(
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return tensorizer::load_to_host(r, indices, opt, found->second);
+        },
+        deadline_);
     nb::list out;
     std::vector<size_t> shape;
     for (auto& t : loaded) {
@@ -154,22 +163,21 @@ class PyReader {
     Reader& r = get();
     nb::bytes out(nullptr, size);
     char* dst = PyBytes_AsString(out.ptr());
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      if (size) r.source().read_at(offset, dst, size);
-    }
+    interruptible(
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (size) r.source().read_at(offset, dst, size);
+        },
+        deadline_);
     return out;
   }
 
   nb::list verify_all(int num_workers) {
     Reader& r = get();
-    std::vector<std::string> mismatches;
-    {
-      nb::gil_scoped_release release;
+    std::vector<std::string> mismatches = interruptible([&] {
       std::lock_guard<std::mutex> lock(mu_);
-      mismatches = r.verify_all(num_workers);
-    }
+      return r.verify_all(num_workers);
+    });
     nb::list out;
     for (const auto& s : mismatches) out.append(nb::str(s.data(), s.size()));
     return out;
@@ -201,12 +209,13 @@ class PyReader {
     opt.verify_hash = verify_hash;
     std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
     Reader& r = get();
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      run(r, dests, opt);
-      for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
-    }
+    interruptible(
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          run(r, dests, opt);
+          for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
+        },
+        deadline_);
     return info_list(infos);
   }
 
@@ -219,6 +228,7 @@ class PyReader {
 
   std::unique_ptr<Reader> reader_;
   std::mutex mu_;
+  std::optional<Deadline> deadline_;  // of every engine call on this reader, from its opening
 };
 
 }  // namespace
@@ -287,7 +297,8 @@ void register_reader(nb::module_& m) {
   nb::class_<PyReader>(m, "Reader")
       .def_static("open", &PyReader::open, nb::arg("target"), nb::arg("transport"),
                   nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
-                  nb::arg("kdf_limits").none() = nb::none(), nb::rv_policy::take_ownership,
+                  nb::arg("kdf_limits").none() = nb::none(), nb::arg("deadline") = 0.0,
+                  nb::rv_policy::take_ownership,
                   "Opens a path, URI, file descriptor, binary file object or _C.Source.")
       .def("entries", &PyReader::entries)
       .def(

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "bindings.h"
+#include "interruptible.h"
 #include "tensorizer/error.h"
 #include "tensorizer/transport.h"
 
@@ -52,17 +53,16 @@ class PySource {
     std::shared_ptr<tensorizer::Source> keep = source_;  // a concurrent close() cannot free it
     tensorizer::Source& s = get();
     WritableBuffer buf(buffer);
-    size_t n = 0;
-    {
-      nb::gil_scoped_release release;
+    return interruptible([&] {
       std::lock_guard<std::mutex> lock(mu_);
-      uint64_t size = s.size();
+      const uint64_t size = s.size();
+      size_t n = 0;
       if (offset < size) {
         n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - offset));
         if (n) s.read_at(offset, buf.data(), n);
       }
-    }
-    return n;
+      return n;
+    });
   }
 
   // Readers opened over this source keep it alive; closing drops only this handle.
@@ -96,22 +96,24 @@ class PySink {
 
   void write_at(uint64_t offset, nb::bytes data) {
     tensorizer::Sink& s = get();
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mu_);
-    s.write_at(offset, data.c_str(), data.size());
+    interruptible([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.write_at(offset, data.c_str(), data.size());
+    });
   }
 
   // Publishes what was written (an upload, a rename); the sink is closed whatever happens.
   void commit() {
     std::unique_ptr<tensorizer::Sink> s = std::move(sink_);
     if (!s) return;
-    nb::gil_scoped_release release;
-    try {
-      s->commit();
-    } catch (...) {
-      s->abort();
-      throw;
-    }
+    interruptible([&] {
+      try {
+        s->commit();
+      } catch (...) {
+        s->abort();
+        throw;
+      }
+    });
   }
 
   void abort() {
@@ -131,8 +133,7 @@ class PySink {
 // Copies a local file to any sink URI (S3 upload, another path) with the engine's streaming copy.
 uint64_t upload_file(const std::string& path, const std::string& uri,
                      const tensorizer::TransportOptions& transport) {
-  nb::gil_scoped_release release;
-  return tensorizer::copy_object(path, uri, transport);
+  return interruptible([&] { return tensorizer::copy_object(path, uri, transport); });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "bindings.h"
+#include "interruptible.h"
 #include "tensorizer/error.h"
 #include "tensorizer/writer.h"
 
@@ -39,11 +40,8 @@ class PyWriter {
                         nb::handle key, nb::handle kdf, int num_workers) {
     auto opt = options(&transport, key, kdf, num_workers);
     std::unique_ptr<tensorizer::Sink> sink = sink_from_python(target, transport);
-    std::unique_ptr<tensorizer::Writer> w;
-    {
-      nb::gil_scoped_release release;
-      w = tensorizer::Writer::open(std::move(sink), opt);
-    }
+    std::unique_ptr<tensorizer::Writer> w =
+        interruptible([&] { return tensorizer::Writer::open(std::move(sink), opt); });
     return new PyWriter(std::move(w));
   }
 
@@ -57,18 +55,29 @@ class PyWriter {
     batch.reserve(requests.size());
     for (const tensorizer::WriteRequest* r : requests) batch.push_back(*r);
     tensorizer::Writer& w = get();
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mu_);
-    w.write(batch);
+    try {
+      interruptible([&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        w.write(batch);
+      });
+    } catch (const nb::python_error&) {  // Ctrl-C: nothing of this save is published (an
+      abort();                           // engine failure already marks the writer failed)
+      throw;
+    }
   }
 
   void close() {
     if (!writer_) return;
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mu_);
     try {
-      writer_->close();
+      interruptible([&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        writer_->close();
+      });
+    } catch (const nb::python_error&) {
+      abort();
+      throw;
     } catch (...) {
+      nb::gil_scoped_release release;
       writer_.reset();
       throw;
     }

@@ -121,6 +121,12 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             fails once failing (or stalling) has lasted ``stall_timeout``. None: the
             ``TENSORIZER_CONNECT_TIMEOUT`` / ``TENSORIZER_STALL_TIMEOUT`` environment variables,
             else 10 and 30 s.
+        deadline: seconds (an extension of the reference API) within which the open and every
+            load through this deserializer must finish, counted from construction; past it the
+            engine stops and raises TimeoutError naming the file. None: no deadline.
+
+    Ctrl-C during construction or a load raises KeyboardInterrupt within a fraction of a second,
+    after the engine has stopped its workers and closed its connections.
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         mmap: Optional[bool] = None,
         connect_timeout: Optional[float] = None,
         stall_timeout: Optional[float] = None,
+        deadline: Optional[float] = None,
     ):
         del plaid_mode, plaid_mode_buffers  # accepted for compatibility; the engine stages every CUDA load
         self._reader = None
@@ -186,7 +193,9 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self._encrypted = encryption is not None
 
         options = stream_io._transport_options(connect_timeout=connect_timeout, stall_timeout=stall_timeout)
-        self._reader = self._open(file_obj, options, key, passphrase, kdf_limits)
+        if deadline is not None and (isinstance(deadline, bool) or not deadline > 0):
+            raise ValueError(f"deadline must be a number of seconds greater than 0, not {deadline!r}")
+        self._reader = self._open(file_obj, options, key, passphrase, kdf_limits, float(deadline or 0))
         self._cache_status = self._reader.cache_status  # the HTTP probe's answer; kept after close
         self._file_label = self._reader.uri
         reader = self._reader
@@ -231,13 +240,13 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     # -- opening -----------------------------------------------------------------------------
 
-    def _open(self, file_obj: Any, options: "_C.TransportOptions", key, passphrase, kdf_limits):
+    def _open(self, file_obj: Any, options: "_C.TransportOptions", key, passphrase, kdf_limits, deadline: float):
         """The engine reader over `file_obj`; the engine decides what kind of source it is."""
         if not isinstance(file_obj, (str, bytes, os.PathLike, int)):
             if not isinstance(file_obj, stream_io._EngineStreamFile):
                 self._mode_check(file_obj)
             self._file = file_obj
-        return _C.Reader.open(file_obj, options, key, passphrase, kdf_limits)
+        return _C.Reader.open(file_obj, options, key, passphrase, kdf_limits, deadline)
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:

@@ -6,14 +6,33 @@
 //   tensorizer encrypt IN OUT (--key-file F | --passphrase-env VAR)   add encryption
 //   tensorizer decrypt IN OUT (--key-file F | --passphrase-env VAR)   remove it
 //   tensorizer cp SRC DST              copy between file, http(s) (read only), s3:// and redis://
+//
+// Ctrl-C cancels the running command (tensorizer/cancel.h): it stops within a fraction of a
+// second, removes partial outputs and exits with status 130; a second Ctrl-C kills at once.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
 #include "cli/commands.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 
+namespace {
+
+tensorizer::CancelToken g_interrupt;
+
+extern "C" void on_interrupt(int) { g_interrupt.cancel(); }  // an atomic store: signal-safe
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  struct sigaction sa = {};
+  sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESETHAND;  // the next Ctrl-C gets the default action
+  sigaction(SIGINT, &sa, nullptr);
+  tensorizer::CancelScope scope(&g_interrupt);
+
   CLI::App app{"tensorizer: inspect, verify and move .tensors files"};
   app.set_version_flag("--version", TZ_VERSION);
   app.require_subcommand(1);
@@ -28,6 +47,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const tensorizer::Error& e) {
+    if (g_interrupt.fired()) {
+      std::fprintf(stderr, "tensorizer: interrupted\n");
+      return 130;
+    }
     std::fprintf(stderr, "tensorizer: %s: %s\n", tensorizer::error_code_name(e.code()), e.what());
     return 2;
   }

@@ -27,6 +27,8 @@ const char* error_code_name(ErrorCode code) {
       return "unsupported";
     case ErrorCode::kCancelled:
       return "cancelled";
+    case ErrorCode::kDeadline:
+      return "deadline passed";
   }
   return "error";
 }

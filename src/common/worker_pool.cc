@@ -1,4 +1,5 @@
-// Fork/join with first-error-wins, and the usable core count (see worker_pool.h).
+// Fork/join with first-error-wins and cancellation between items, and the usable core count
+// (see worker_pool.h).
 #include "common/worker_pool.h"
 
 #include <sched.h>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tensorizer/cancel.h"
 #include "tensorizer/reader.h"
 
 namespace tensorizer {
@@ -21,9 +23,12 @@ void parallel_for_workers(size_t count, int workers, const std::function<void(si
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::exception_ptr error;
+  const CancelToken* token = current_cancel_token();
   auto work = [&](int worker) {
+    CancelScope scope(token);  // workers check the caller's token
     for (size_t i; (i = next.fetch_add(1)) < count;) {
       try {
+        check_cancelled();
         item(i, worker);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);

@@ -1,6 +1,7 @@
 // Fork/join over a list of work items, for every layer (internal header): N threads (the caller is
 // one of them) take items in order; the first exception stops every worker from taking new items
-// and is rethrown to the caller once all have stopped.
+// and is rethrown to the caller once all have stopped. Workers inherit the caller's CancelToken
+// (tensorizer/cancel.h) and check it before each item.
 #pragma once
 
 #include <cstddef>

@@ -15,6 +15,7 @@
 #include "engine/huge_pages.h"
 #include "engine/read_planner.h"
 #include "engine/verify_tensor.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
 
@@ -232,6 +233,7 @@ class LoadJob {
       const engine::ReadItem& item = items_[i];
       size_t current = item.segments[0].tensor;  // the tensor an error concerns
       try {
+        check_cancelled();
         read_item(src, item, header_scratch, slices, current);
       } catch (const Error& err) {
         record_error(err, current);

@@ -14,6 +14,7 @@
 #include "engine/direct_io.h"
 #include "engine/read_planner.h"
 #include "engine/verify_tensor.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 
 namespace tensorizer {
@@ -184,6 +185,7 @@ class StagedJob {
         Slot* slot = take(i);
         if (!slot) return;
         current = items_[i].segments[0].tensor;
+        check_cancelled();
         ring.ready(*slot);
         if (slot->copies_pending) slot->event->wait();
         run_item(src, items_[i], *slot, stream, current);

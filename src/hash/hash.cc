@@ -4,10 +4,13 @@
 #include <isa-l/crc.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 
 namespace tensorizer {
@@ -75,8 +78,16 @@ TensorHasher::TensorHasher(bool crc32, bool sha256, const std::string& hashable_
 }
 
 void TensorHasher::update(const void* data, size_t size) {
-  if (want_crc_) crc_ = crc32_update(crc_, data, size);
-  if (want_sha_) sha_->update(data, size);
+  // In pieces: both hashes read a piece while it is still in cache, and a large tensor's hash
+  // stops soon after its load is cancelled (tensorizer/cancel.h).
+  constexpr size_t kPiece = size_t{4} << 20;
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t done = 0; done < size; done += kPiece) {
+    check_cancelled();
+    const size_t n = std::min(kPiece, size - done);
+    if (want_crc_) crc_ = crc32_update(crc_, p + done, n);
+    if (want_sha_) sha_->update(p + done, n);
+  }
 }
 
 void TensorHasher::finish() {

@@ -13,6 +13,8 @@
 #include <random>
 #include <thread>
 
+#include "tensorizer/cancel.h"
+
 namespace tensorizer::net {
 namespace {
 
@@ -52,6 +54,52 @@ void CurlHeaders::add(const std::string& line) {
   curl_slist* next = curl_slist_append(list_, line.c_str());
   if (!next) fail(ErrorCode::kIO, "out of memory building HTTP headers");
   list_ = next;
+}
+
+CurlEasy& CurlEasy::operator=(CurlEasy&& o) noexcept {
+  if (this != &o) {
+    this->~CurlEasy();
+    easy_ = o.easy_, multi_ = o.multi_;
+    o.easy_ = nullptr, o.multi_ = nullptr;
+  }
+  return *this;
+}
+
+CurlEasy::~CurlEasy() {
+  if (easy_) curl_easy_cleanup(easy_);
+  if (multi_) curl_multi_cleanup(multi_);
+  easy_ = nullptr, multi_ = nullptr;
+}
+
+CURLM* CurlEasy::multi() {
+  if (!multi_ && !(multi_ = curl_multi_init()))
+    fail(ErrorCode::kIO, "cannot create a libcurl multi handle");
+  return multi_;
+}
+
+CURLcode CurlEasy::perform() {
+  CURLM* m = multi();
+  if (curl_multi_add_handle(m, easy_) != CURLM_OK) return CURLE_FAILED_INIT;
+  CURLcode result = CURLE_OK;
+  for (bool done = false; !done;) {
+    int running = 0;
+    if (curl_multi_perform(m, &running) != CURLM_OK) {
+      result = CURLE_FAILED_INIT;
+      break;
+    }
+    int left = 0;
+    while (CURLMsg* msg = curl_multi_info_read(m, &left))
+      if (msg->msg == CURLMSG_DONE) done = true, result = msg->data.result;
+    if (done) break;
+    if (cancel_requested()) {
+      result = CURLE_ABORTED_BY_CALLBACK;
+      break;
+    }
+    curl_multi_poll(m, nullptr, 0, kPollMs, nullptr);
+  }
+  curl_multi_remove_handle(m, easy_);
+  if (result == CURLE_ABORTED_BY_CALLBACK) check_cancelled();
+  return result;
 }
 
 CurlEasy make_easy() {
@@ -196,7 +244,12 @@ double backoff_delay(int attempt, double base_s, double retry_after_s) {
 }
 
 void sleep_for_seconds(double s) {
-  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  const double end = now_seconds() + s;
+  for (double left = s; left > 0; left = end - now_seconds()) {
+    check_cancelled();
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(left, 0.05)));
+  }
+  check_cancelled();
 }
 
 double now_seconds() {

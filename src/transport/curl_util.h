@@ -33,10 +33,35 @@ struct HttpTarget {
   bool s3 = false;              // error bodies are S3 XML (<Code>, <Message>)
 };
 
-struct CurlDeleter {
-  void operator()(CURL* h) const { curl_easy_cleanup(h); }
+// An easy handle with its own multi handle, which keeps its connections alive between requests
+// and lets perform() wait in short polls, so a cancelled load (tensorizer/cancel.h) stops within
+// 100 ms even while the server sends nothing. Move-only.
+class CurlEasy {
+ public:
+  CurlEasy() = default;
+  explicit CurlEasy(CURL* h) : easy_(h) {}
+  CurlEasy(CurlEasy&& o) noexcept : easy_(o.easy_), multi_(o.multi_) {
+    o.easy_ = nullptr, o.multi_ = nullptr;
+  }
+  CurlEasy& operator=(CurlEasy&& o) noexcept;
+  ~CurlEasy();
+  CURL* get() const { return easy_; }
+  explicit operator bool() const { return easy_ != nullptr; }
+  void reset() { *this = CurlEasy(); }
+  // Runs the request set up on the handle, like curl_easy_perform. Throws as check_cancelled()
+  // when this thread's load is cancelled meanwhile.
+  CURLcode perform();
+  // The multi handle that carries this easy handle's transfers (created on first use), for
+  // callers that drive them step by step; the handle must not be in it during perform().
+  CURLM* multi();
+
+ private:
+  CURL* easy_ = nullptr;
+  CURLM* multi_ = nullptr;
 };
-using CurlEasy = std::unique_ptr<CURL, CurlDeleter>;
+
+// How long curl waits in one poll before the caller checks for cancellation.
+inline constexpr int kPollMs = 100;
 
 // A curl_slist that frees itself.
 class CurlHeaders {
@@ -100,6 +125,7 @@ bool retryable_status(long status);
 // The delay before retry number `attempt` (1-based): exponential from `base_s`, capped at 5 s,
 // with jitter; a server's Retry-After (capped at 10 s) wins when larger.
 double backoff_delay(int attempt, double base_s, double retry_after_s);
+// Sleeps, checking for cancellation (tensorizer/cancel.h) every 50 ms.
 void sleep_for_seconds(double s);
 // Seconds on a monotonic clock.
 double now_seconds();

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "tensorizer/cancel.h"
+
 namespace tensorizer {
 namespace {
 
@@ -236,8 +238,13 @@ class StreamCursor {
       int left = 0;
       while (CURLMsg* m = curl_multi_info_read(multi_, &left))
         if (m->msg == CURLMSG_DONE) finished_ = true, result_ = m->data.result;
-      if (!finished_ && got_ < want_ && !paused_)
-        curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
+      if (!finished_ && got_ < want_ && !paused_) {
+        if (cancel_requested()) {
+          stop();
+          check_cancelled();
+        }
+        curl_multi_poll(multi_, nullptr, 0, net::kPollMs, nullptr);
+      }
     }
     status = meta_.status;
     if (!error_.empty()) {
@@ -453,7 +460,7 @@ class HttpSource final : public Source {
       curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
       curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
       curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
-      a.code = curl_easy_perform(h.get());
+      a.code = h.perform();
       curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
 
       if (probe && a.meta.complete && handle_probe(a)) {

@@ -22,6 +22,7 @@
 #include <filesystem>
 
 #include "common/worker_pool.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 #include "transport/curl_util.h"
 #include "transport/http.h"
@@ -118,9 +119,10 @@ size_t collect_body(char* data, size_t size, size_t n, void* user) {
 }
 
 // One S3 request. `query` is appended to the object URL; `file_body` or `text_body` is sent.
-Response request(CURL* h, const net::HttpTarget& target, const HttpOptions& http,
+Response request(net::CurlEasy& easy, const net::HttpTarget& target, const HttpOptions& http,
                  const RetryOptions& retry, const char* method, const std::string& query,
                  BodyReader* file_body, const std::string* text_body) {
+  CURL* h = easy.get();
   net::HttpTarget t = target;
   t.url += query;
   net::CurlHeaders headers;
@@ -150,7 +152,7 @@ Response request(CURL* h, const net::HttpTarget& target, const HttpOptions& http
   if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "POST") != 0 &&
       std::strcmp(method, "PUT") != 0)
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-  r.code = curl_easy_perform(h);
+  r.code = easy.perform();
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
   r.status = r.meta.status;
   if (r.code != CURLE_OK) r.curl_error = errbuf[0] ? errbuf : curl_easy_strerror(r.code);
@@ -232,14 +234,14 @@ class S3Sink final : public Sink {
     net::CurlEasy h = net::make_easy();
     with_retries(retry_, target_, "upload", [&] {
       BodyReader body{staging_.fd(), 0, size};
-      return request(h.get(), target_, http_, retry_, "PUT", "", &body, nullptr);
+      return request(h, target_, http_, retry_, "PUT", "", &body, nullptr);
     });
   }
 
   void multipart(uint64_t size) {
     net::CurlEasy h = net::make_easy();
     Response created = with_retries(retry_, target_, "starting a multipart upload", [&] {
-      return request(h.get(), target_, http_, retry_, "POST", "?uploads=", nullptr, nullptr);
+      return request(h, target_, http_, retry_, "POST", "?uploads=", nullptr, nullptr);
     });
     const std::string upload_id = xml_value(created.body, "UploadId");
     if (upload_id.empty())
@@ -258,7 +260,7 @@ class S3Sink final : public Sink {
         const uint64_t off = i * part, len = std::min(part, size - off);
         Response r = with_retries(retry_, target_, "uploading part " + std::to_string(i + 1), [&] {
           BodyReader body{staging_.fd(), off, len};
-          return request(ph.get(), target_, http_, retry_, "PUT",
+          return request(ph, target_, http_, retry_, "PUT",
                          "?partNumber=" + std::to_string(i + 1) + "&" + id_query, &body, nullptr);
         });
         etags[i] = r.meta.etag;
@@ -269,12 +271,14 @@ class S3Sink final : public Sink {
                "</ETag></Part>";
       xml += "</CompleteMultipartUpload>";
       with_retries(retry_, target_, "completing the multipart upload", [&] {
-        return request(h.get(), target_, http_, retry_, "POST", "?" + id_query, nullptr, &xml);
+        return request(h, target_, http_, retry_, "POST", "?" + id_query, nullptr, &xml);
       });
     } catch (...) {
-      // Nothing half-written may become visible: drop the parts.
+      // Nothing half-written may become visible: drop the parts (even when the upload was
+      // cancelled: this request itself is not).
+      CancelScope uncancellable(nullptr);
       try {
-        request(h.get(), target_, http_, retry_, "DELETE", "?" + id_query, nullptr, nullptr);
+        request(h, target_, http_, retry_, "DELETE", "?" + id_query, nullptr, nullptr);
       } catch (...) {
       }
       throw;

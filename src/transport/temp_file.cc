@@ -65,7 +65,8 @@ int create_locked(const std::string& path, const std::string& destination) {
     fail_errno("cannot create a temporary file for", destination, errno);
   }
   lock(fd);
-  struct stat mine {}, named {};
+  struct stat mine {
+  }, named{};
   if (::fstat(fd, &mine) != 0 || ::stat(path.c_str(), &named) != 0 || !same_file(mine, named)) {
     ::close(fd);
     return -1;
@@ -98,8 +99,8 @@ TempFile::TempFile(const std::string& destination, bool unnamed) : destination_(
   }
   if (fd_ < 0) {
     temp_.clear();
-    fail(ErrorCode::kIO, "cannot create a temporary file for '" + destination_ +
-                             "': every name tried was taken");
+    fail(ErrorCode::kIO,
+         "cannot create a temporary file for '" + destination_ + "': every name tried was taken");
   }
 }
 
@@ -154,7 +155,8 @@ int remove_stale_temp_files(const std::string& dir) {
     if (!is_temp_name(name)) continue;
     const int fd = ::openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
-    struct stat opened {}, now {};
+    struct stat opened {
+    }, now{};
     // Locked by nobody: its writer is dead. Removed only if the name still means that file.
     if (::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) &&
         ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&

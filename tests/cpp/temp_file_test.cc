@@ -100,8 +100,8 @@ INSTANTIATE_TEST_SUITE_P(Unnamed, TempFileTest, ::testing::Values(true, false),
 TEST(TempFileSweep, RemovesOnlyUnlockedTempFilesOfTheRightShape) {
   test::TempDir dir;
   const std::string d = dir.path(".");
-  for (const char* name : {".a.tensors.tmp-1", ".b.tmp-123456789", ".c.tmp-x1", "d.tmp-5",
-                           ".e.tmp-", "f.tensors"})
+  for (const char* name :
+       {".a.tensors.tmp-1", ".b.tmp-123456789", ".c.tmp-x1", "d.tmp-5", ".e.tmp-", "f.tensors"})
     write_file(d + "/" + name, "x");
   fs::create_directory(d + "/.g.tmp-7");
   fs::create_symlink(d + "/f.tensors", d + "/.h.tmp-8");

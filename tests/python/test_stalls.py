@@ -22,13 +22,15 @@ CHILD_LIMIT_S = 60
 
 class MisbehavingServer:
     """Answers ranged GETs of `body`: the first `fast_bytes` of every response at once, then either
-    100 bytes per second ("trickle") or nothing at all ("silent")."""
+    100 bytes per second ("trickle") or nothing at all ("silent"); or reads requests and answers
+    nothing, not even headers ("mute"). `requested` is set once a request has arrived."""
 
     def __init__(self, body: bytes, mode: str, fast_bytes: int = 64):
         self.body, self.mode, self.fast_bytes = body, mode, fast_bytes
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/model.tensors"
         self.stop = threading.Event()
+        self.requested = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -50,6 +52,10 @@ class MisbehavingServer:
                         if not chunk:
                             return
                         request += chunk
+                    self.requested.set()
+                    if self.mode == "mute":
+                        self.stop.wait()
+                        return
                     first, last = 0, len(self.body) - 1
                     for line in request.decode("latin-1").split("\r\n"):
                         if line.lower().startswith("range: bytes="):
@@ -123,3 +129,16 @@ def test_timeouts_are_checked(monkeypatch):
     monkeypatch.setenv("TENSORIZER_STALL_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="TENSORIZER_STALL_TIMEOUT must be a number of seconds"):
         TensorDeserializer("http://127.0.0.1:1/x")
+
+
+def test_a_deadline_ends_the_whole_load_with_a_timeout_error_naming_the_uri(monkeypatch):
+    monkeypatch.setenv("TENSORIZER_STALL_TIMEOUT", "600")  # only the deadline can end it
+    server = MisbehavingServer(b"", "mute")
+    try:
+        with pytest.raises(TimeoutError) as e:
+            TensorDeserializer(server.url, deadline=0.5)
+        assert str(e.value).endswith(f"loading '{server.url}' did not finish within its deadline of 0.5 s")
+        with pytest.raises(ValueError, match="deadline must be a number of seconds"):
+            TensorDeserializer(server.url, deadline=0)
+    finally:
+        server.close()
