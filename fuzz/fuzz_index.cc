@@ -2,8 +2,10 @@
 //
 // The input is treated as a whole .tensors file and goes through the same paths Reader::open
 // uses (file header, index, path rules), then every tensor's own header is read and checked
-// against its index entry, and small unencrypted files are loaded with hash verification. The
-// input is also parsed directly as one per-tensor header in each layout. Any tensorizer::Error is
+// against its index entry, and small files are loaded the way a default Python load does
+// (load_to_host) with hash verification; encrypted ones with a passphrase under a tiny Argon2id
+// cap, so the crypt info and key derivation checks run too. The input is also parsed directly as
+// one per-tensor header in each layout. Any tensorizer::Error is
 // an expected rejection; a crash, sanitizer report, other exception or hang is a finding.
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "tensorizer/error.h"
 #include "tensorizer/format.h"
+#include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
 #include "tensorizer/transport.h"
 
@@ -41,19 +44,24 @@ void fuzz_file(const uint8_t* data, size_t size) {
     }
     if (__builtin_add_overflow(total, entries[i].expected_bytes(), &total)) total = UINT64_MAX;
   }
-  if (!headers_ok || reader->encrypted() || total > kMaxLoadBytes) return;
-  std::vector<uint8_t> memory(total + 1);
-  std::vector<tensorizer::TensorDestination> dests;
-  uint64_t offset = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    dests.push_back({i, memory.data() + offset});
-    offset += entries[i].expected_bytes();
+  if (!headers_ok || total > kMaxLoadBytes) return;
+  std::vector<size_t> all(entries.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  if (reader->encrypted()) {  // reopened with a passphrase (`entries` dies with the old reader)
+    options.without_key = false;
+    options.decryption = tensorizer::DecryptionParams::from_passphrase("fuzz");
+    options.decryption->max_kdf = {1, 8192};  // anything costlier is refused before deriving
+    try {
+      reader = tensorizer::Reader::open(tensorizer::make_memory_source(bytes, "<fuzz>"), options);
+    } catch (const tensorizer::Error&) {
+      return;
+    }
   }
   tensorizer::LoadOptions load;
   load.num_workers = 1;
   load.verify_hash = true;
   try {
-    reader->load(dests, load);
+    tensorizer::load_to_host(*reader, all, load);
   } catch (const tensorizer::Error&) {
   }
 }

@@ -38,7 +38,8 @@ class CancelToken {
 };
 
 // Makes `token` the one this thread's engine calls check, for the scope's lifetime (scopes nest;
-// the innermost wins). The engine's worker threads inherit the token of the thread that starts them.
+// the innermost wins). The engine's worker threads inherit the token of the thread that starts
+// them.
 class CancelScope {
  public:
   explicit CancelScope(const CancelToken* token);

@@ -40,6 +40,8 @@ class TensorHasher {
   TensorHasher(bool crc32, bool sha256, const std::string& hashable_header);
   void update(const void* data, size_t size);
   void finish();  // after the last update
+  bool computes_crc32() const { return want_crc_; }
+  bool computes_sha256() const { return want_sha_; }
   uint32_t crc32() const { return crc_; }
   const std::array<uint8_t, 32>& sha256() const { return sha_digest_; }
 

@@ -48,6 +48,11 @@ class Source {
   virtual uint64_t preferred_read_bytes() const { return 0; }
   // The descriptor of a local regular file behind this source (for memory mapping), else -1.
   virtual int local_fd() const { return -1; }
+  // Whether every read is known to come from one version of the object: a local file (pinned by
+  // its open descriptor), an HTTP(S)/S3 object with an ETag or Last-Modified (each later request
+  // carries it as a precondition). False: a load checks the stored CRC32s instead, so a change
+  // mid-load is an error, never a mix. Meaningful once size() was called.
+  virtual bool versioned() const { return true; }
   // HTTP(S): the X-Cache-Status header of the first response (a caching proxy's HIT/MISS); else
   // none.
   virtual std::optional<std::string> cache_status() const { return std::nullopt; }

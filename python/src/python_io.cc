@@ -37,6 +37,12 @@ std::string python_message(nb::python_error& e) {
   return std::string(nb::type_name(e.type()).c_str()) + ": " + nb::str(e.value()).c_str();
 }
 
+// Code here may catch what a file object's method raised and carry on, but never KeyboardInterrupt
+// or SystemExit (a Ctrl-C that lands inside such a call must still reach the caller): those go on.
+void rethrow_unless_ordinary(nb::python_error& e) {
+  if (!e.matches(PyExc_Exception)) throw;
+}
+
 // Runs `body` (GIL held), which calls into Python; returns "" or what went wrong, for a message.
 // `unexpected` describes a call that returned something of the wrong type.
 template <typename Body>
@@ -44,6 +50,7 @@ std::string python_failure(const char* unexpected, Body&& body) {
   try {
     body();
   } catch (nb::python_error& e) {
+    rethrow_unless_ordinary(e);
     return python_message(e);
   } catch (const nb::cast_error& e) {
     return std::string(unexpected) + " (" + e.what() + ")";
@@ -63,6 +70,7 @@ class SharedSource final : public tensorizer::Source {
   std::unique_ptr<Source> clone() override { return s_->clone(); }
   const std::string& uri() const override { return s_->uri(); }
   uint64_t bytes_read() const override { return s_->bytes_read(); }
+  bool versioned() const override { return s_->versioned(); }
   int preferred_readers() const override { return s_->preferred_readers(); }
   uint64_t preferred_read_bytes() const override { return s_->preferred_read_bytes(); }
   int local_fd() const override { return s_->local_fd(); }
@@ -261,7 +269,8 @@ int regular_fd(nb::handle file) {
     nb::object r = file.attr("fileno")();
     if (!is_int(r)) return -1;
     fd = nb::cast<int>(r);
-  } catch (nb::python_error&) {  // io.UnsupportedOperation, a closed file, ...
+  } catch (nb::python_error& e) {  // io.UnsupportedOperation, a closed file, ...
+    rethrow_unless_ordinary(e);
     return -1;
   }
   struct stat st;
@@ -284,7 +293,8 @@ bool seekable(nb::handle file) {
   if (!nb::hasattr(file, "seekable")) return true;
   try {
     return nb::cast<bool>(file.attr("seekable")());
-  } catch (nb::python_error&) {
+  } catch (nb::python_error& e) {
+    rethrow_unless_ordinary(e);
     return false;
   }
 }

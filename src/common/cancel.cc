@@ -20,8 +20,7 @@ void CancelToken::set_deadline(Clock::time_point at, double seconds, std::string
 }
 
 bool CancelToken::fired() const noexcept {
-  return cancelled_.load(std::memory_order_relaxed) ||
-         (has_deadline_ && Clock::now() >= deadline_);
+  return cancelled_.load(std::memory_order_relaxed) || (has_deadline_ && Clock::now() >= deadline_);
 }
 
 void CancelToken::check() const {
@@ -29,8 +28,7 @@ void CancelToken::check() const {
   if (has_deadline_ && Clock::now() >= deadline_) {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", seconds_);
-    fail(ErrorCode::kDeadline,
-         what_ + " did not finish within its deadline of " + seconds + " s");
+    fail(ErrorCode::kDeadline, what_ + " did not finish within its deadline of " + seconds + " s");
   }
 }
 

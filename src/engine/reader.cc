@@ -180,7 +180,16 @@ namespace {
 class LoadJob {
  public:
   LoadJob(Reader::Impl& r, const std::vector<TensorDestination>& dests, const LoadOptions& opt)
-      : r_(r), opt_(opt), dests_(dests) {}
+      : r_(r), opt_(opt), dests_(dests) {
+    // A source that cannot tell one version of its object from another (an HTTP server without
+    // ETag or Last-Modified) is checked against the stored CRC32s and its headers are read again
+    // at the end (check_unchanged), so a change mid-load is an error instead of a mix. Sealed
+    // tensors need no hash check (their MACs fail), but their headers are compared too.
+    if (!r_.source->versioned()) {
+      recheck_headers_ = true;
+      if (!opt_.verify_hash && !r_.header.has_crypt_info()) opt_.verify_hash = crc_only_ = true;
+    }
+  }
 
   LoadResult run() {
     const uint64_t before = r_.source->bytes_read();
@@ -216,6 +225,7 @@ class LoadJob {
       work(w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1]);
     });
     if (error_) std::rethrow_exception(error_);
+    if (recheck_headers_) check_unchanged(handles);
     LoadResult result;
     result.bytes_read = r_.source->bytes_read() - before;
     result.mismatches = std::move(mismatches_);
@@ -223,6 +233,24 @@ class LoadJob {
   }
 
  private:
+  // An unversioned source (see the constructor) may switch versions between requests with every
+  // tensor consistent in itself, which no hash shows. A tensor's header holds its hashes, so
+  // reading every header again once the load is done shows whether the object is still the one
+  // each tensor came from.
+  void check_unchanged(std::vector<std::unique_ptr<Source>>& handles) {
+    parallel_for_workers(dests_.size(), 1 + static_cast<int>(handles.size()), [&](size_t k, int w) {
+      Source& src = w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1];
+      const IndexEntry& e = r_.entries[dests_[k].entry];
+      std::string now(e.header_size(), '\0');
+      src.read_at(e.header_offset, now.data(), now.size());
+      if (now != r_.loaded[dests_[k].entry]->header_bytes)
+        fail(ErrorCode::kIO, "'" + r_.source->uri() +
+                                 "': the object changed during the load (tensor '" + shown_name(e) +
+                                 "' has another header now; the server names no version of the "
+                                 "object, no ETag or Last-Modified, so the load compares headers)");
+    });
+  }
+
   void work(Source& src) {
     std::vector<std::string> header_scratch;
     std::vector<IoSlice> slices;
@@ -387,11 +415,15 @@ class LoadJob {
 
   void verify(const IndexEntry& e, const LoadedTensorInfo& info, const uint8_t* data,
               uint64_t size) {
-    std::unique_ptr<TensorHasher> hasher = hasher_for(info);
+    std::unique_ptr<TensorHasher> hasher = hasher_for(info, /*fastest_only=*/crc_only_);
     if (!hasher) return;
     hasher->update(data, size);
-    const std::string failures = hash_failures(info, *hasher);
+    std::string failures = hash_failures(info, *hasher);
     if (failures.empty()) return;
+    if (crc_only_)
+      failures +=
+          " (the server names no version of the object, no ETag or Last-Modified, so "
+          "the load checks the stored hashes: the object changed during the load)";
     if (!opt_.collect_mismatches) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
     std::lock_guard<std::mutex> lock(mu_);
     mismatches_.push_back("tensor '" + shown_name(e) + "': " + failures);
@@ -411,7 +443,9 @@ class LoadJob {
   }
 
   Reader::Impl& r_;
-  const LoadOptions& opt_;
+  LoadOptions opt_;
+  bool recheck_headers_ = false;  // an unversioned source: headers are read again at the end
+  bool crc_only_ = false;         // verify_hash was turned on for it (CRC32 alone)
   std::vector<TensorDestination> dests_;
   std::vector<engine::ReadItem> items_;
   std::unique_ptr<CryptState[]> crypt_;  // encrypted files only: one per destination

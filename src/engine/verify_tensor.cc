@@ -8,11 +8,12 @@
 
 namespace tensorizer::engine {
 
-std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info) {
+std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info, bool fastest_only) {
   const TensorHeader& h = info.header;
   bool crc = false, sha = false;
   for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
   if (!crc && !sha) return nullptr;
+  if (fastest_only && crc) sha = false;
   const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
   return std::make_unique<TensorHasher>(crc, sha,
                                         hashable_header(raw, info.header_bytes.size(), h));
@@ -23,6 +24,8 @@ std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
   const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
   std::string failures;
   for (const auto& hv : info.header.hashes) {
+    if (!(hv.type == HashType::kCrc32 ? hasher.computes_crc32() : hasher.computes_sha256()))
+      continue;
     std::string stored = to_hex(raw + hv.value_offset, hv.value_size), computed;
     if (hv.type == HashType::kCrc32) {
       uint32_t c = hasher.crc32();

@@ -13,11 +13,12 @@
 namespace tensorizer::engine {
 
 // A hasher for the hashes `info`'s header stores, already fed its hashable header; null when the
-// header stores none.
-std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info);
+// header stores none. `fastest_only`: CRC32 alone when the header stores it (memory speed).
+std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info, bool fastest_only = false);
 
 // Finishes `hasher` (fed the header, then all the data) and describes every stored hash it
-// disagrees with ("CRC32 stored ..., computed ..."); empty when all match.
+// disagrees with ("CRC32 stored ..., computed ..."); empty when all match. Hashes the hasher does
+// not compute are not compared.
 std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher);
 
 // `data` holds entries()[entry].data_length bytes; the tensor's header must have been read

@@ -420,6 +420,10 @@ class HttpSource final : public Source {
     return s_->ranges ? 8 : 1;
   }
   uint64_t preferred_read_bytes() const override { return s_->http.read_bytes; }
+  bool versioned() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return !s_->etag.empty() || !s_->last_modified.empty();
+  }
   std::optional<std::string> cache_status() const override {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->cache_status;
@@ -452,9 +456,10 @@ class HttpSource final : public Source {
       t.slices = slices.data();
       t.count = slices.size();
       net::CurlHeaders headers;
-      const std::string range = "Range: bytes=" + std::to_string(offset + done) + "-" +
-                                std::to_string(offset + total - 1);
-      net::prepare_request(h.get(), s_->target, s_->http, opt, headers, {range});
+      std::vector<std::string> extra = {"Range: bytes=" + std::to_string(offset + done) + "-" +
+                                        std::to_string(offset + total - 1)};
+      if (std::string v = validator(); !v.empty()) extra.push_back(std::move(v));
+      net::prepare_request(h.get(), s_->target, s_->http, opt, headers, extra);
       curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
       curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
       curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
@@ -492,6 +497,11 @@ class HttpSource final : public Source {
       if (a.fatal) fail(a.fatal_code, where(offset, total, done) + ": " + a.fatal_message);
       // Classify the failure.
       const long status = a.meta.status;
+      if (a.meta.complete && status == 412)
+        fail(ErrorCode::kIO, where(offset, total, done) +
+                                 ": the object changed during the load (HTTP 412 Precondition "
+                                 "Failed to " +
+                                 validator() + ")");
       if (a.meta.complete && status >= 300) {
         std::string text = net::describe_status(status, a.error_body, s_->target.s3);
         if (!net::retryable_status(status)) fail_status(status, text, offset, total, done);
@@ -517,6 +527,17 @@ class HttpSource final : public Source {
         delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
       net::sleep_for_seconds(delay);
     }
+  }
+
+  // The condition every request after the first carries, so that a server whose object was
+  // replaced answers 412 instead of bytes of another version: If-Match with a strong ETag, else
+  // If-Unmodified-Since with the Last-Modified date; "" before the first response or without
+  // either (see consistent()).
+  std::string validator() const {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (!s_->etag.empty() && s_->etag.rfind("W/", 0) != 0) return "If-Match: " + s_->etag;
+    if (!s_->last_modified.empty()) return "If-Unmodified-Since: " + s_->last_modified;
+    return "";
   }
 
   // A server without range support: continue one whole-object transfer (see StreamCursor),

@@ -125,9 +125,8 @@ TEST(Cancel, AnHttpOpenWaitingOnAMuteServerEndsWhenCancelledFromAnotherThread) {
   {
     CancelScope scope(&token);
     EXPECT_EQ(code_of([&] {
-                auto s = open_source("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) +
-                                         "/m.tensors",
-                                     t);
+                auto s = open_source(
+                    "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/m.tensors", t);
                 s->size();
               }),
               ErrorCode::kCancelled);

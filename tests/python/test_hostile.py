@@ -215,3 +215,47 @@ def test_writers_killed_at_random_points_leave_the_destination_whole_and_nothing
     finally:
         server.stdin.close()
         server.wait(timeout=60)
+
+
+# -- Secrets ---------------------------------------------------------------------------------
+
+
+def test_planted_secrets_appear_in_no_error_repr_log_or_cli_output(tmp_path, monkeypatch, caplog):
+    import logging
+    import shutil
+
+    secrets = ["HUNTER2PW", "SIGSECRET123", "CREDSECRET", "S3SECRETKEY", "PASSPHRASESECRET"]
+    monkeypatch.setenv("TENSORIZER_STALL_TIMEOUT", "1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDPLANTED")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "S3SECRETKEY")
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:1")
+    caplog.set_level(logging.DEBUG)
+    seen = []
+    for uri in [
+        "http://user:HUNTER2PW@127.0.0.1:1/x.tensors",
+        "http://127.0.0.1:1/x.tensors?X-Amz-Signature=SIGSECRET123&X-Amz-Credential=CREDSECRET",
+        "s3://bucket/x.tensors",
+    ]:
+        with pytest.raises(Exception) as e:
+            TensorDeserializer(uri)
+        seen += [str(e.value), repr(e.value)]
+    encrypted = write(tmp_path / "enc.tensors", {"a": torch.ones(2)}, EncryptionParams.random())
+    wrong = DecryptionParams.from_string("PASSPHRASESECRET")
+    with pytest.raises(CryptographyError) as e:
+        TensorDeserializer(encrypted, encryption=wrong)
+    seen += [str(e.value), repr(e.value), repr(wrong), str(wrong)]
+    cli = shutil.which("tensorizer")
+    if cli:
+        out = subprocess.run(
+            [cli, "inspect", "http://user:HUNTER2PW@127.0.0.1:1/x.tensors?X-Amz-Signature=SIGSECRET123"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode != 0
+        seen += [out.stdout, out.stderr]
+    seen.append(caplog.text)
+    text = "\n".join(seen)
+    assert "127.0.0.1" in text  # the errors did name the place
+    for secret in secrets:
+        assert secret not in text, secret

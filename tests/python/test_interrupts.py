@@ -45,12 +45,15 @@ CHILD = textwrap.dedent(
             return n
 
     what, target = sys.argv[1], sys.argv[2]
+    if what == "slow-file":
+        with open(target, "rb") as f:  # read first: CPython's finalizer of a file object left to
+            data = f.read()            # the GC silently drops a KeyboardInterrupt raised in it
     print("ready", flush=True)
     try:
         if what == "open":
             TensorDeserializer(target)
         elif what == "slow-file":
-            TensorDeserializer(Slow(open(target, "rb").read()), verify_hash=True)
+            TensorDeserializer(Slow(data), verify_hash=True)
         elif what == "save":
             while True:
                 with TensorSerializer(target) as s:  # an exception inside aborts the save
