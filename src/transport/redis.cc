@@ -266,6 +266,9 @@ class RedisSource final : public Source {
   explicit RedisSource(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
 
   uint64_t size() override { return s_->size; }
+  // Keys carry no version: a prefix rewritten during a load (by RENAMEs, or key by key as
+  // tensorizer writes) is caught by the load's CRC32 check and its second look at the headers.
+  bool versioned() const override { return false; }
 
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
     uint64_t total = 0;

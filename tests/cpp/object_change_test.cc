@@ -1,0 +1,89 @@
+// A source that names no version of its object (an HTTP server without ETag or Last-Modified,
+// Redis) switching to another file of the same layout mid-load: every switch point gives an error
+// saying the object changed, never a mix, and an unchanged object loads whole. The switch is a
+// Source wrapper over two in-memory files, so every point can be tried.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "tensorizer/host_load.h"
+#include "tensorizer/reader.h"
+#include "tensorizer/transport.h"
+#include "test_util.h"
+
+namespace tensorizer {
+namespace {
+
+// Serves `first` for the first `switch_after` reads, then `second`.
+class SwitchingSource final : public Source {
+ public:
+  SwitchingSource(std::shared_ptr<const std::string> first,
+                  std::shared_ptr<const std::string> second, int switch_after,
+                  std::shared_ptr<std::atomic<int>> reads = std::make_shared<std::atomic<int>>(0))
+      : first_(std::move(first)), second_(std::move(second)), switch_after_(switch_after),
+        reads_(std::move(reads)) {}
+  uint64_t size() override { return first_->size(); }
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    const std::string& bytes = (*reads_)++ < switch_after_ ? *first_ : *second_;
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(slices[i].data, bytes.data() + offset, slices[i].size);
+      offset += slices[i].size;
+    }
+  }
+  std::unique_ptr<Source> clone() override {
+    return std::make_unique<SwitchingSource>(first_, second_, switch_after_, reads_);
+  }
+  const std::string& uri() const override { return uri_; }
+  uint64_t bytes_read() const override { return 0; }
+  uint64_t preferred_read_bytes() const override { return 4096; }  // one item per tensor
+  bool versioned() const override { return false; }
+
+ private:
+  std::shared_ptr<const std::string> first_, second_;
+  int switch_after_;
+  std::shared_ptr<std::atomic<int>> reads_;
+  std::string uri_ = "switching://model";
+};
+
+std::shared_ptr<const std::string> version(test::TempDir& dir, char value) {
+  std::vector<test::SampleTensor> ts;
+  for (int i = 0; i < 6; ++i) ts.push_back({"t" + std::to_string(i), std::string(4096, value)});
+  const std::string path = dir.path(std::string("v") + value + ".tensors");
+  test::write_sample_tensors(path, ts, "<f4");
+  return std::make_shared<const std::string>(test::read_file(path));
+}
+
+TEST(ObjectChange, AnUnversionedSourceThatSwitchesMidLoadIsAnErrorAtEveryPoint) {
+  test::TempDir dir;
+  const auto one = version(dir, 'a'), two = version(dir, 'b');
+  ASSERT_EQ(one->size(), two->size());
+  int opens_read = 0;
+  {
+    auto probe = std::make_shared<std::atomic<int>>(0);
+    Reader::open(std::make_unique<SwitchingSource>(one, two, 1 << 30, probe));
+    opens_read = *probe;
+  }
+  for (int after = opens_read + 1; after < opens_read + 7; ++after) {
+    auto r = Reader::open(std::make_unique<SwitchingSource>(one, two, after));
+    LoadOptions opt;
+    opt.num_workers = 1;
+    try {
+      load_to_host(*r, {0, 1, 2, 3, 4, 5}, opt);
+      ADD_FAILURE() << "a switch after read " << after << " went unnoticed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the object changed during the load"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // The same object throughout loads whole.
+  auto r = Reader::open(std::make_unique<SwitchingSource>(one, one, 0));
+  auto out = load_to_host(*r, {0, 1, 2, 3, 4, 5});
+  for (const auto& t : out) EXPECT_EQ(std::string(reinterpret_cast<char*>(t.data), t.size), std::string(4096, 'a'));
+}
+
+}  // namespace
+}  // namespace tensorizer
