@@ -72,9 +72,8 @@ def main():
         rows["stalled HTTP open"].append(one(url, lambda: requested.wait(30)))
     sock.close()
     for name, xs in rows.items():
-        print(
-            f"{name:26s} median {statistics.median(xs) * 1000:6.0f} ms  (min {min(xs) * 1000:.0f}, max {max(xs) * 1000:.0f})"
-        )
+        ms = sorted(x * 1000 for x in xs)
+        print(f"{name:26s} median {statistics.median(ms):6.0f} ms  (min {ms[0]:.0f}, max {ms[-1]:.0f})")
 
 
 if __name__ == "__main__":

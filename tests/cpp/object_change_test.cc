@@ -23,7 +23,9 @@ class SwitchingSource final : public Source {
   SwitchingSource(std::shared_ptr<const std::string> first,
                   std::shared_ptr<const std::string> second, int switch_after,
                   std::shared_ptr<std::atomic<int>> reads = std::make_shared<std::atomic<int>>(0))
-      : first_(std::move(first)), second_(std::move(second)), switch_after_(switch_after),
+      : first_(std::move(first)),
+        second_(std::move(second)),
+        switch_after_(switch_after),
         reads_(std::move(reads)) {}
   uint64_t size() override { return first_->size(); }
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
@@ -74,15 +76,15 @@ TEST(ObjectChange, AnUnversionedSourceThatSwitchesMidLoadIsAnErrorAtEveryPoint) 
       load_to_host(*r, {0, 1, 2, 3, 4, 5}, opt);
       ADD_FAILURE() << "a switch after read " << after << " went unnoticed";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("the object changed during the load"),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("the object changed during the load"), std::string::npos)
           << e.what();
     }
   }
   // The same object throughout loads whole.
   auto r = Reader::open(std::make_unique<SwitchingSource>(one, one, 0));
   auto out = load_to_host(*r, {0, 1, 2, 3, 4, 5});
-  for (const auto& t : out) EXPECT_EQ(std::string(reinterpret_cast<char*>(t.data), t.size), std::string(4096, 'a'));
+  for (const auto& t : out)
+    EXPECT_EQ(std::string(reinterpret_cast<char*>(t.data), t.size), std::string(4096, 'a'));
 }
 
 }  // namespace
