@@ -4,7 +4,8 @@ A real HTTP server on loopback serves version 1 of a file for its first requests
 (same layout, other values) after, the way a model re-uploaded mid-load looks to a reader. With an
 ETag or Last-Modified every later request carries it as a precondition (If-Match,
 If-Unmodified-Since) and the server answers 412; without either the load checks the stored CRC32s
-and reads every tensor header again at the end.
+and reads every tensor header again at the end. Last, an S3 object (moto) re-uploaded around a
+load, when the servers of scripts/with-servers.sh are up.
 """
 
 import email.utils
@@ -126,3 +127,38 @@ def test_an_unchanged_object_loads_whole_either_way(versions, validators):
         assert all(torch.equal(d[n], torch.full((1 << 18,), 1.0)) for n in NAMES)
     finally:
         server.close()
+
+
+def test_an_s3_object_replaced_mid_load_is_an_error_or_one_whole_version(monkeypatch):
+    """moto keeps an ETag per version and honours If-Match. A re-upload (about 0.4 s here) starts
+    shortly before each load (about 0.3 s), so that it completes before, during or after it; every
+    outcome must be one whole version or the error."""
+    import time
+    import uuid
+
+    from test_remote import server_env
+
+    endpoint, bucket = server_env("TZ_TEST_S3_ENDPOINT", "TZ_TEST_S3_BUCKET")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    uri = f"s3://{bucket}/change-{uuid.uuid4().hex}.tensors"
+
+    def upload(value):
+        save_state_dict(uri, {n: torch.full((1 << 18,), float(value)) for n in NAMES})
+
+    for lead in (0.05, 0.15, 0.25, 0.35):
+        upload(1)
+        replacer = threading.Thread(target=upload, args=(2,))
+        replacer.start()
+        time.sleep(lead)
+        try:
+            d = TensorDeserializer(uri, num_readers=2)
+            values = {float(d[n].detach()[0]) for n in NAMES}
+            assert len(values) == 1, (lead, values)
+            (value,) = values
+            assert all(torch.equal(d[n], torch.full((1 << 18,), value)) for n in NAMES)
+        except OSError as e:
+            assert "the object changed during the load" in str(e), str(e)
+        finally:
+            replacer.join()
