@@ -5,7 +5,8 @@
 // start, check it between work items (a few MiB each), in hash loops, in network waits (polled
 // every 100 ms) and in retry backoffs. Once it fires they stop, close what they opened, remove
 // partial outputs and throw Error(kCancelled, "interrupted") or, past the deadline,
-// Error(kDeadline, ...). Argon2id key derivation (bounded by KdfLimits) cannot be interrupted.
+// Error(kDeadline, ...). Argon2id key derivation cannot be interrupted: the caller stops waiting
+// for it, and it runs to its end (bounded by KdfLimits) on a thread of its own, then wipes itself.
 #pragma once
 
 #include <atomic>

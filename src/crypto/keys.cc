@@ -3,10 +3,16 @@
 #include <sodium.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "crypto/tensor_crypto.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 
 namespace tensorizer {
@@ -103,19 +109,60 @@ EncryptionParams EncryptionParams::from_passphrase(const std::string& passphrase
   return p;
 }
 
+namespace {
+
+// One Argon2id derivation on a thread of its own, so that a caller with a CancelToken can stop
+// waiting for it (crypto_pwhash cannot be interrupted). The thread owns this state: an abandoned
+// derivation runs to its end (bounded by KdfLimits), wipes its copies and frees them.
+struct Derivation {
+  std::string passphrase;
+  KdfParams params;
+  Key key{};
+  bool done = false, ok = false;
+  std::mutex mu;
+  std::condition_variable finished;
+  ~Derivation() {
+    sodium_memzero(passphrase.data(), passphrase.size());
+    sodium_memzero(key.data(), key.size());
+  }
+  void run() {
+    Key k{};
+    const bool good =
+        crypto_pwhash(k.data(), k.size(), passphrase.data(), passphrase.size(), params.salt.data(),
+                      params.opslimit, static_cast<size_t>(params.memlimit),
+                      crypto_pwhash_ALG_ARGON2ID13) == 0;
+    std::lock_guard<std::mutex> lock(mu);
+    key = k;
+    sodium_memzero(k.data(), k.size());
+    ok = good;
+    done = true;
+    finished.notify_all();
+  }
+};
+
+}  // namespace
+
 Key derive_key(const std::string& passphrase, const KdfParams& params) {
   crypto::ensure_sodium();
   if (passphrase.empty()) fail(ErrorCode::kInvalidArgument, "the passphrase must not be empty");
   check_limits(params.opslimit, params.memlimit, ErrorCode::kCrypto);
   static_assert(sizeof(params.salt) == crypto_pwhash_argon2id_SALTBYTES);
-  Key key{};
-  if (crypto_pwhash(key.data(), key.size(), passphrase.data(), passphrase.size(),
-                    params.salt.data(), params.opslimit, static_cast<size_t>(params.memlimit),
-                    crypto_pwhash_ALG_ARGON2ID13) != 0)
+  auto d = std::make_shared<Derivation>();
+  d->passphrase = passphrase;
+  d->params = params;
+  if (!current_cancel_token()) {
+    d->run();
+  } else {
+    std::thread([d] { d->run(); }).detach();
+    std::unique_lock<std::mutex> lock(d->mu);
+    while (!d->finished.wait_for(lock, std::chrono::milliseconds(50), [&] { return d->done; }))
+      check_cancelled();  // throws; the derivation finishes on its own thread
+  }
+  if (!d->ok)
     fail(ErrorCode::kCrypto, "Argon2id key derivation failed (opslimit " +
                                  std::to_string(params.opslimit) + ", memlimit " +
                                  std::to_string(params.memlimit) + " bytes): out of memory?");
-  return key;
+  return d->key;
 }
 
 }  // namespace tensorizer

@@ -22,8 +22,10 @@
 namespace tensorizer {
 namespace {
 
+using engine::check_header_unchanged;
 using engine::hash_failures;
 using engine::hasher_for;
+using engine::kUnversionedMismatchNote;
 
 constexpr uint64_t kFirstReadBytes = 512 * 1024;      // prelude + a reference-sized index
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
@@ -181,10 +183,7 @@ class LoadJob {
  public:
   LoadJob(Reader::Impl& r, const std::vector<TensorDestination>& dests, const LoadOptions& opt)
       : r_(r), opt_(opt), dests_(dests) {
-    // A source that cannot tell one version of its object from another (an HTTP server without
-    // ETag or Last-Modified) is checked against the stored CRC32s and its headers are read again
-    // at the end (check_unchanged), so a change mid-load is an error instead of a mix. Sealed
-    // tensors need no hash check (their MACs fail), but their headers are compared too.
+    // An unversioned source: CRC32s checked, headers read again at the end (verify_tensor.h).
     if (!r_.source->versioned()) {
       recheck_headers_ = true;
       if (!opt_.verify_hash && !r_.header.has_crypt_info()) opt_.verify_hash = crc_only_ = true;
@@ -233,21 +232,12 @@ class LoadJob {
   }
 
  private:
-  // An unversioned source (see the constructor) may switch versions between requests with every
-  // tensor consistent in itself, which no hash shows. A tensor's header holds its hashes, so
-  // reading every header again once the load is done shows whether the object is still the one
-  // each tensor came from.
   void check_unchanged(std::vector<std::unique_ptr<Source>>& handles) {
     parallel_for_workers(dests_.size(), 1 + static_cast<int>(handles.size()), [&](size_t k, int w) {
       Source& src = w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1];
-      const IndexEntry& e = r_.entries[dests_[k].entry];
-      std::string now(e.header_size(), '\0');
-      src.read_at(e.header_offset, now.data(), now.size());
-      if (now != r_.loaded[dests_[k].entry]->header_bytes)
-        fail(ErrorCode::kIO, "'" + r_.source->uri() +
-                                 "': the object changed during the load (tensor '" + shown_name(e) +
-                                 "' has another header now; the server names no version of the "
-                                 "object, no ETag or Last-Modified, so the load compares headers)");
+      const size_t entry = dests_[k].entry;
+      check_header_unchanged(src, r_.source->uri(), r_.entries[entry],
+                             r_.loaded[entry]->header_bytes);
     });
   }
 
@@ -420,10 +410,7 @@ class LoadJob {
     hasher->update(data, size);
     std::string failures = hash_failures(info, *hasher);
     if (failures.empty()) return;
-    if (crc_only_)
-      failures +=
-          " (the server names no version of the object, no ETag or Last-Modified, so "
-          "the load checks the stored hashes: the object changed during the load)";
+    if (crc_only_) failures += kUnversionedMismatchNote;
     if (!opt_.collect_mismatches) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
     std::lock_guard<std::mutex> lock(mu_);
     mismatches_.push_back("tensor '" + shown_name(e) + "': " + failures);

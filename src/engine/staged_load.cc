@@ -92,7 +92,13 @@ class StagedJob {
         opt_(opt),
         staging_(staging),
         dests_(dests),
-        state_(dests.size()) {}
+        state_(dests.size()) {
+    // An unversioned source: CRC32s checked, headers read again at the end (verify_tensor.h).
+    if (!r_.source().versioned()) {
+      recheck_headers_ = true;
+      if (!opt_.verify_hash && !r_.encrypted()) opt_.verify_hash = crc_only_ = true;
+    }
+  }
 
   StagedLoadResult run() {
     const auto& index = r_.entries();
@@ -145,6 +151,7 @@ class StagedJob {
         work(w == 0 || direct_ ? r_.source() : *handles[static_cast<size_t>(w) - 1], ring,
              w % backend_.streams());
       });
+      if (!error_ && recheck_headers_) check_unchanged(handles);
       if (!error_) {
         try {
           backend_.synchronize();
@@ -166,6 +173,20 @@ class StagedJob {
     uint64_t hashed = 0;  // data bytes hashed so far
     std::unique_ptr<TensorHasher> hasher;
   };
+
+  void check_unchanged(std::vector<std::unique_ptr<Source>>& handles) {
+    try {
+      parallel_for_workers(dests_.size(), 1 + static_cast<int>(handles.size()),
+                           [&](size_t k, int w) {
+                             Source& src = w == 0 ? r_.source() : *handles[w - 1];
+                             const size_t entry = dests_[k].entry;
+                             engine::check_header_unchanged(src, r_.uri(), r_.entries()[entry],
+                                                            r_.loaded_info(entry)->header_bytes);
+                           });
+    } catch (const Error&) {
+      error_ = std::current_exception();
+    }
+  }
 
   void open_direct_file() {
     const int fd = r_.source().local_fd();
@@ -260,7 +281,7 @@ class StagedJob {
       backend_.zero_async(d.data, e.expected_bytes(), stream);
     TensorState& st = state_[t];
     if (opt_.verify_hash) {
-      st.hasher = engine::hasher_for(info);
+      st.hasher = engine::hasher_for(info, /*fastest_only=*/crc_only_);
       if (e.data_length == 0) finish_hash(t);
     }
     {
@@ -288,9 +309,10 @@ class StagedJob {
     TensorState& st = state_[t];
     if (!st.hasher) return;
     const size_t entry = dests_[t].entry;
-    const std::string failures = engine::hash_failures(*r_.loaded_info(entry), *st.hasher);
+    std::string failures = engine::hash_failures(*r_.loaded_info(entry), *st.hasher);
     st.hasher.reset();
     if (failures.empty()) return;
+    if (crc_only_) failures += engine::kUnversionedMismatchNote;
     if (!opt_.collect_mismatches) fail(ErrorCode::kHashMismatch, "hash mismatch: " + failures);
     std::lock_guard<std::mutex> lock(mu_);
     mismatches_.push_back("tensor '" + display_path(r_.entries()[entry].path).substr(0, 200) +
@@ -322,8 +344,10 @@ class StagedJob {
 
   Reader& r_;
   CopyBackend& backend_;
-  const LoadOptions& opt_;
+  LoadOptions opt_;
   const StagingOptions& staging_;
+  bool recheck_headers_ = false;  // an unversioned source: headers are read again at the end
+  bool crc_only_ = false;         // verify_hash was turned on for it (CRC32 alone)
   std::vector<TensorDestination> dests_;
   std::vector<TensorState> state_;
   std::vector<engine::ReadItem> items_;

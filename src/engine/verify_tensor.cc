@@ -55,4 +55,15 @@ void verify_tensor(Reader& reader, size_t entry, const uint8_t* data) {
                                        reader.uri() + "': " + failures);
 }
 
+void check_header_unchanged(Source& src, const std::string& uri, const IndexEntry& e,
+                            const std::string& loaded) {
+  std::string now(e.header_size(), '\0');
+  src.read_at(e.header_offset, now.data(), now.size());
+  if (now != loaded)
+    fail(ErrorCode::kIO, "'" + uri + "': the object changed during the load (tensor '" +
+                             display_path(e.path).substr(0, 200) +
+                             "' has another header now; the server names no version of the "
+                             "object, no ETag or Last-Modified, so the load compares headers)");
+}
+
 }  // namespace tensorizer::engine

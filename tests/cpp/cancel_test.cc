@@ -1,7 +1,8 @@
 // Cancelling engine work (tensorizer/cancel.h): a cancelled token stops loads on every route and
 // writes (publishing nothing), a passed deadline is a kDeadline error naming the operation, and a
 // token cancelled from another thread ends an HTTP open that waits on a server that never answers
-// (its stall timeout is far longer than the test runs), with workers inheriting the token.
+// (its stall timeout is far longer than the test runs), with workers inheriting the token, and a
+// long Argon2id derivation (which itself cannot stop) stops being waited for.
 #include "tensorizer/cancel.h"
 
 #include <arpa/inet.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "common/worker_pool.h"
+#include "tensorizer/crypto.h"
 #include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
 #include "tensorizer/transport.h"
@@ -134,6 +136,35 @@ TEST(Cancel, AnHttpOpenWaitingOnAMuteServerEndsWhenCancelledFromAnotherThread) {
   canceller.join();
   mute.join();  // the client closed its connection
   ::close(server);
+}
+
+TEST(Cancel, ATokenCancelledDuringKeyDerivationEndsTheWaitWhileTheDerivationFinishesAlone) {
+  KdfParams slow;  // several seconds of Argon2id, far longer than the cancellation takes
+  slow.opslimit = 40;
+  slow.memlimit = 64ull << 20;
+  CancelToken token;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    token.cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  ErrorCode code;
+  {
+    CancelScope scope(&token);
+    code = code_of([&] { derive_key("passphrase", slow); });
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  canceller.join();
+  EXPECT_EQ(code, ErrorCode::kCancelled);
+  EXPECT_LT(waited, std::chrono::seconds(2));  // the derivation alone takes several seconds
+  // Without a token it derives inline, and the result matches a derivation that was waited for.
+  KdfParams quick;
+  quick.opslimit = 1;
+  quick.memlimit = 8192;
+  const Key inline_key = derive_key("passphrase", quick);
+  CancelToken idle;
+  CancelScope scope(&idle);
+  EXPECT_EQ(derive_key("passphrase", quick), inline_key);
 }
 
 }  // namespace

@@ -1,16 +1,20 @@
 // A source that names no version of its object (an HTTP server without ETag or Last-Modified,
 // Redis) switching to another file of the same layout mid-load: every switch point gives an error
-// saying the object changed, never a mix, and an unchanged object loads whole. The switch is a
-// Source wrapper over two in-memory files, so every point can be tried.
+// saying the object changed, never a mix, and an unchanged object loads whole, both through the
+// host load and through the staged (GPU) pipeline. The switch is a Source wrapper over two
+// in-memory files, so every point can be tried.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
+#include "tensorizer/staged_load.h"
 #include "tensorizer/transport.h"
 #include "test_util.h"
 
@@ -58,7 +62,34 @@ std::shared_ptr<const std::string> version(test::TempDir& dir, char value) {
   return std::make_shared<const std::string>(test::read_file(path));
 }
 
-TEST(ObjectChange, AnUnversionedSourceThatSwitchesMidLoadIsAnErrorAtEveryPoint) {
+// Loads tensors 0..5 of `r` with one worker and returns their bytes.
+using LoadAll = std::function<std::vector<std::string>(Reader& r)>;
+
+std::vector<std::string> host_load(Reader& r) {
+  LoadOptions opt;
+  opt.num_workers = 1;
+  std::vector<std::string> out;
+  for (const auto& t : load_to_host(r, {0, 1, 2, 3, 4, 5}, opt))
+    out.emplace_back(reinterpret_cast<char*>(t.data), t.size);
+  return out;
+}
+
+// The staged pipeline on host memcpy streams, one read item per tensor.
+std::vector<std::string> staged_load(Reader& r) {
+  std::vector<std::string> out(6, std::string(4096, '\0'));
+  std::vector<TensorDestination> dests;
+  for (size_t i = 0; i < out.size(); ++i) dests.push_back({i, out[i].data()});
+  LoadOptions opt;
+  opt.num_workers = 1;
+  StagingOptions staging;
+  staging.item_bytes = 4096;
+  staging.ring_bytes = 4 * 4096;
+  auto backend = host_copy_backend();
+  load_staged(r, dests, *backend, opt, staging);
+  return out;
+}
+
+void expect_every_switch_is_an_error(const LoadAll& load) {
   test::TempDir dir;
   const auto one = version(dir, 'a'), two = version(dir, 'b');
   ASSERT_EQ(one->size(), two->size());
@@ -70,10 +101,8 @@ TEST(ObjectChange, AnUnversionedSourceThatSwitchesMidLoadIsAnErrorAtEveryPoint) 
   }
   for (int after = opens_read + 1; after < opens_read + 7; ++after) {
     auto r = Reader::open(std::make_unique<SwitchingSource>(one, two, after));
-    LoadOptions opt;
-    opt.num_workers = 1;
     try {
-      load_to_host(*r, {0, 1, 2, 3, 4, 5}, opt);
+      load(*r);
       ADD_FAILURE() << "a switch after read " << after << " went unnoticed";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("the object changed during the load"), std::string::npos)
@@ -82,9 +111,15 @@ TEST(ObjectChange, AnUnversionedSourceThatSwitchesMidLoadIsAnErrorAtEveryPoint) 
   }
   // The same object throughout loads whole.
   auto r = Reader::open(std::make_unique<SwitchingSource>(one, one, 0));
-  auto out = load_to_host(*r, {0, 1, 2, 3, 4, 5});
-  for (const auto& t : out)
-    EXPECT_EQ(std::string(reinterpret_cast<char*>(t.data), t.size), std::string(4096, 'a'));
+  for (const auto& t : load(*r)) EXPECT_EQ(t, std::string(4096, 'a'));
+}
+
+TEST(ObjectChange, AnUnversionedSourceThatSwitchesMidLoadIsAnErrorAtEveryPoint) {
+  expect_every_switch_is_an_error(host_load);
+}
+
+TEST(ObjectChange, AStagedLoadFromAnUnversionedSourceThatSwitchesIsAnErrorAtEveryPoint) {
+  expect_every_switch_is_an_error(staged_load);
 }
 
 }  // namespace

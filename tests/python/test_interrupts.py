@@ -24,7 +24,7 @@ WAIT_S = 30  # the child must be gone well before this; without interrupts it wo
 CHILD = textwrap.dedent(
     """
     import io, os, signal, sys, threading, time, torch
-    from tensorizer import TensorDeserializer, TensorSerializer
+    from tensorizer import DecryptionParams, TensorDeserializer, TensorSerializer
 
     # Python leaves SIGINT ignored when it started so (a background job of a shell): not here.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -54,6 +54,9 @@ CHILD = textwrap.dedent(
             TensorDeserializer(target)
         elif what == "slow-file":
             TensorDeserializer(Slow(data), verify_hash=True)
+        elif what == "costly-passphrase":
+            key = DecryptionParams.from_string("pass", max_opslimit=4000, max_memlimit=64 << 20)
+            TensorDeserializer(target, encryption=key)
         elif what == "save":
             while True:
                 with TensorSerializer(target) as s:  # an exception inside aborts the save
@@ -104,6 +107,24 @@ def test_ctrl_c_ends_a_load_from_a_slow_file_object(tmp_path):
     save_state_dict(path, {"w": torch.arange(1 << 20, dtype=torch.float32)})
     start = time.monotonic()
     assert interrupt("slow-file", path, lambda: time.monotonic() > start + 2) == "interrupted 1"
+
+
+def test_ctrl_c_ends_a_load_waiting_on_a_costly_key_derivation(tmp_path):
+    """Argon2id cannot stop; the load stops waiting for it. The file asks for about 100 s of it."""
+    import struct
+
+    from tensorizer import EncryptionParams, TensorSerializer
+
+    path = tmp_path / "model.tensors"
+    cheap = EncryptionParams.from_string("pass", opslimit=1, memlimit=8192)
+    with TensorSerializer(str(path), encryption=cheap) as s:
+        s.write_state_dict({"w": torch.ones(16)})
+    data = path.read_bytes()
+    kdf = b"\x01\x00\x01\x00" + struct.pack("<QQ", 1, 8192)  # crypt info chunk type 1 (format.md)
+    assert data.count(kdf) == 1
+    path.write_bytes(data.replace(kdf, b"\x01\x00\x01\x00" + struct.pack("<QQ", 4000, 64 << 20)))
+    start = time.monotonic()
+    assert interrupt("costly-passphrase", path, lambda: time.monotonic() > start + 1) == "interrupted 1"
 
 
 def test_ctrl_c_during_saves_leaves_no_partial_output(tmp_path):

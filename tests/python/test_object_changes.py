@@ -107,8 +107,12 @@ def test_a_replaced_object_with_a_validator_fails_with_412(versions, validators)
         server.close()
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["host", "staged"])
 @pytest.mark.parametrize("switch_after", [3, 6, 12])
-def test_a_replaced_object_without_validators_fails_its_checks(versions, switch_after):
+def test_a_replaced_object_without_validators_fails_its_checks(versions, switch_after, staged, monkeypatch):
+    """Also through the staging ring every CUDA load takes (on CPU: TENSORIZER_STAGED=1)."""
+    if staged:
+        monkeypatch.setenv("TENSORIZER_STAGED", "1")
     server = SwitchingServer(*versions, "none", switch_after=switch_after)
     try:
         with pytest.raises((OSError, HashMismatchError), match="the object changed during the load") as e:
