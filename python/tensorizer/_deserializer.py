@@ -96,7 +96,11 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             object.
         device: where tensors go (None: CUDA if available, else CPU).
         filter_func: ``(name: str | tuple) -> bool``; tensors it rejects are left out entirely.
-        dtype: cast floating-point tensors to this dtype (see docs/python-decisions.md).
+        dtype: cast every tensor that is not bool to this dtype, as the reference does (vLLM
+            passes its model's dtype and relies on it).
+        cast_within_kind: with ``dtype``, cast only tensors of its kind (float to float,
+            complex to complex, int to int), so integer ids and quantized weights stay exact
+            (an extension of the reference API).
         lazy_load: load on access instead of everything at construction.
         plaid_mode, plaid_mode_buffers: accepted for compatibility; CUDA loads always stream
             through the engine's pinned staging ring (``TENSORIZER_STAGING_BYTES`` sizes it,
@@ -146,6 +150,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         connect_timeout: Optional[float] = None,
         stall_timeout: Optional[float] = None,
         deadline: Optional[float] = None,
+        cast_within_kind: bool = False,
     ):
         del plaid_mode, plaid_mode_buffers  # accepted for compatibility; the engine stages every CUDA load
         self._reader = None
@@ -167,6 +172,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype: expected torch.dtype or None, got {dtype.__class__.__name__}")
         self._dtype = dtype
+        self._cast_within_kind = bool(cast_within_kind)
         self._verify_hash = bool(verify_hash)
         self._lazy_load = bool(lazy_load)
         if mmap is None:
@@ -278,13 +284,15 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
     # -- loading -----------------------------------------------------------------------------
 
     def _cast_target(self, stored: torch.dtype) -> Optional[torch.dtype]:
-        """The dtype to cast a stored dtype to: only within its kind (float, complex, int)."""
+        """The dtype to cast a stored dtype to (None: keep it): every dtype but bool, or with
+        cast_within_kind only one of the target's kind (float, complex, int)."""
         target = self._dtype
         if target is None or target == stored or stored == torch.bool:
             return None
-        kind = (stored.is_floating_point, stored.is_complex)
-        if kind != (target.is_floating_point, target.is_complex) or target == torch.bool:
-            return None
+        if self._cast_within_kind:
+            kind = (stored.is_floating_point, stored.is_complex)
+            if kind != (target.is_floating_point, target.is_complex) or target == torch.bool:
+                return None
         return target
 
     def _bulk_load(
@@ -344,8 +352,9 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         for path, r, tensor, info in zip(paths, records, tensors, infos):
             r.module_idx, r.hashable_header = info.module_idx, info.hashable_header
             r.entry.hashes = _tensor_hashes(info.hashes)
-            grad = _dtypes.requires_grad(tensor.dtype)
             target = self._cast_target(tensor.dtype)
+            # As the reference: from the stored dtype (a cast to an integer dtype cannot have it).
+            grad = _dtypes.requires_grad(tensor.dtype) and _dtypes.requires_grad(target or tensor.dtype)
             if device.type != "cpu" or target is not None:
                 tensor = tensor.to(device=device, dtype=target)
             self._cache[path] = torch.nn.Parameter(tensor, requires_grad=grad)

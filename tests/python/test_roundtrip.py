@@ -238,7 +238,7 @@ def test_filter_prunes_emptied_branches(tmp_path):
         assert list(d.keys()) == ["b"]
 
 
-def test_dtype_override_casts_floats_only(tmp_path):
+def test_dtype_override_casts_every_non_bool_tensor_unless_asked_to_keep_kinds(tmp_path):
     sd = {
         "f": torch.tensor([1.5, 2.5]),
         "i": torch.tensor([70000]),
@@ -246,11 +246,18 @@ def test_dtype_override_casts_floats_only(tmp_path):
         "h": torch.ones(1, dtype=torch.bfloat16),
     }
     write_sd(tmp_path / "f.tensors", sd)
-    with TensorDeserializer(tmp_path / "f.tensors", dtype=torch.float16) as d:
+    with TensorDeserializer(tmp_path / "f.tensors", dtype=torch.float16) as d:  # the reference's rule
+        assert d["f"].dtype == torch.float16 and d["f"].requires_grad
+        assert d["h"].dtype == torch.float16
+        assert d["i"].dtype == torch.float16 and float(d["i"]) == float("inf") and not d["i"].requires_grad  # overflows
+        assert d["b"].dtype == torch.bool
+    with TensorDeserializer(tmp_path / "f.tensors", dtype=torch.float16, cast_within_kind=True) as d:
         assert d["f"].dtype == torch.float16 and d["f"].requires_grad
         assert d["h"].dtype == torch.float16
         assert d["i"].dtype == torch.int64 and int(d["i"]) == 70000
         assert d["b"].dtype == torch.bool
+    with TensorDeserializer(tmp_path / "f.tensors", dtype=torch.int32) as d:  # no gradient for ints
+        assert d["f"].dtype == torch.int32 and d["f"].tolist() == [1, 2] and not d["f"].requires_grad
 
 
 @pytest.mark.parametrize("num_readers", [1, 2, 5])

@@ -81,7 +81,10 @@ def test_dtype_cast_happens_on_the_target(tmp_path, target):
     with TensorDeserializer(path, device=target, dtype=torch.float16, plaid_mode=True, plaid_mode_buffers=4) as d:
         assert d["big"].dtype == torch.float16 and d["big"].device.type == target
         assert torch.equal(d["big"].cpu(), sd["big"].to(torch.float16))
-        assert d["ids"].dtype == torch.int64 and torch.equal(d["ids"].cpu(), sd["ids"])
+        assert d["ids"].dtype == torch.float16 and torch.equal(d["ids"].cpu(), sd["ids"].to(torch.float16))
+    with TensorDeserializer(path, device=target, dtype=torch.float16, cast_within_kind=True) as d:
+        assert d["big"].dtype == torch.float16 and d["ids"].dtype == torch.int64
+        assert torch.equal(d["ids"].cpu(), sd["ids"])
 
 
 def test_load_into_module(tmp_path, target):
