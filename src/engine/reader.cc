@@ -27,7 +27,10 @@ using engine::hash_failures;
 using engine::hasher_for;
 using engine::kUnversionedMismatchNote;
 
-constexpr uint64_t kFirstReadBytes = 512 * 1024;      // prelude + a reference-sized index
+// A remote first read takes the prelude and a reference-sized index in one request; a local file
+// reads the prelude, then exactly the index (two small preads: nothing beyond the index is read,
+// and nothing allocated, for an open that only looks at names).
+constexpr uint64_t kFirstReadBytes = 512 * 1024;
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
 constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
 
@@ -65,7 +68,8 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
     const uint64_t size = source->size();
     if (size < kMagicSize)
       fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
-    std::string head(std::min(size, kFirstReadBytes), '\0');
+    const uint64_t first = source->local_fd() >= 0 ? kPreludeSize : kFirstReadBytes;
+    std::string head(std::min(size, first), '\0');
     source->read_at(0, head.data(), head.size());
     impl->header = parse_file_header(reinterpret_cast<const uint8_t*>(head.data()), head.size());
     const FileHeader& h = impl->header;
@@ -84,7 +88,7 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
                                    " bytes)");
     const uint64_t index_end = kPreludeSize + h.index_size;
     if (index_end > head.size()) {
-      // A larger index than the reference's: fetch the rest in one more read.
+      // The index of a local file, or a larger one than the reference's: one more read.
       size_t have = head.size();
       head.resize(index_end);
       source->read_at(have, head.data() + have, index_end - have);

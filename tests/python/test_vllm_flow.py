@@ -198,6 +198,19 @@ def test_per_rank_files_for_two_ranks_with_one_keyfile(place):
         expect_loaded_like(model, originals[rank])
 
 
+def test_a_marker_check_left_open_holds_no_threads_and_maps_nothing(tmp_path):
+    """is_vllm_tensorized runs twice per load and never closes its deserializer."""
+    path = str(tmp_path / "model.tensors")
+    serialize_vllm_model(tiny_gpt2(seed=5), path, {})
+    kwargs = deserialization_kwargs_for(None, {}, num_readers=4)
+    threads = len(os.listdir("/proc/self/task"))
+    checks = [is_vllm_tensorized(path, {}, kwargs) for _ in range(20)]
+    assert all(checks)
+    assert len(os.listdir("/proc/self/task")) == threads
+    with open("/proc/self/maps") as maps:
+        assert path not in maps.read()
+
+
 def test_a_file_written_without_the_marker_is_not_vllm_tensorized(place):
     """Files written with write_state_dict (HF-serialized) go through the CPU iterator."""
     sd = tiny_gpt2(seed=3).state_dict()
