@@ -296,16 +296,21 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         return target
 
     def _bulk_load(
-        self, paths: Sequence[TensorPath], verify_hash: Optional[bool]
+        self,
+        paths: Sequence[TensorPath],
+        verify_hash: Optional[bool],
+        into: Optional[Dict[TensorPath, torch.Tensor]] = None,
     ) -> Dict[TensorPath, torch.nn.Parameter]:
-        """Loads (or takes from the cache) every path; one engine call for the uncached ones."""
+        """Loads (or takes from the cache) every path; one engine call for the uncached ones.
+        `into`: existing tensors (see _in_place_targets) that uncached paths load into."""
         with self._lock, _gc_paused():
             missing = [p for p in paths if p not in self._cache]
             if missing:
-                self._load_uncached(missing, self._verify_hash if verify_hash is None else verify_hash)
+                verify = self._verify_hash if verify_hash is None else verify_hash
+                self._load_uncached(missing, verify, into or {})
             return {p: self._cache[p] for p in paths}
 
-    def _load_uncached(self, paths: List[TensorPath], verify_hash: bool) -> None:
+    def _load_uncached(self, paths: List[TensorPath], verify_hash: bool, into: Dict[TensorPath, torch.Tensor]) -> None:
         if self._reader is None or self._reader.closed:
             raise OSError(f"'{self._file_label}' is closed; create a new TensorDeserializer to load again")
         if self._device_is_dynamic:
@@ -321,7 +326,10 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         if self._device.type == "cuda" or self._staged:
             # Straight into the destination through the engine's staging ring: CUDA memory on a
             # GPU (pinned buffers, asynchronous copies), or CPU memory via the host copy backend.
-            tensors = [_dtypes.empty(r.entry.shape, r.dtype.torch, self._device) for r in records]
+            tensors = [
+                into[p].data if p in into else _dtypes.empty(r.entry.shape, r.dtype.torch, self._device)
+                for p, r in zip(paths, records)
+            ]
             device_index = self._device.index if self._device.type == "cuda" else -1
             infos = self._reader.load_staged(
                 indices,
@@ -344,7 +352,10 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             for path, (_, _, via) in zip(paths, loaded):
                 self._loaded_via[path] = via
         else:
-            tensors = [_dtypes.empty(r.entry.shape, r.dtype.torch) for r in records]
+            tensors = [
+                into[p].data if p in into else _dtypes.empty(r.entry.shape, r.dtype.torch)
+                for p, r in zip(paths, records)
+            ]
             infos = self._reader.load(indices, [t.data_ptr() for t in tensors], self._num_readers, verify_hash)
             for path in paths:
                 self._loaded_via[path] = "copied"
@@ -352,6 +363,15 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         for path, r, tensor, info in zip(paths, records, tensors, infos):
             r.module_idx, r.hashable_header = info.module_idx, info.hashable_header
             r.entry.hashes = _tensor_hashes(info.hashes)
+            if path in into:  # loaded into a module's own tensor: it is the result
+                existing = into[path]
+                self._loaded_via[path] = "in-place"
+                self._cache[path] = (
+                    existing
+                    if isinstance(existing, torch.nn.Parameter)
+                    else torch.nn.Parameter(existing, requires_grad=_dtypes.requires_grad(existing.dtype))
+                )
+                continue
             target = self._cast_target(tensor.dtype)
             # As the reference: from the stored dtype (a cast to an integer dtype cannot have it).
             grad = _dtypes.requires_grad(tensor.dtype) and _dtypes.requires_grad(target or tensor.dtype)
@@ -511,6 +531,13 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
         Parameters become ``nn.Parameter`` attributes; buffers are registered as plain tensors
         and keep the persistence they had on the module. Closes the source, as the reference does.
+
+        A tensor not loaded yet (``lazy_load=True``) whose module already holds a materialized
+        tensor of the same shape and dtype on the target device (contiguous, no ``dtype=`` cast)
+        is read straight into that tensor's memory, on a GPU or, on CPU, with ``mmap=False``: no
+        second copy, and the module keeps its own Parameter objects. Otherwise (meta tensors, a
+        mismatch, tensors loaded at construction, CPU tensors mapped from the page cache, which
+        cost no memory of their own) the loaded tensors are registered in their place.
         """
         paths = [p for p in self._records if filter_func is None or filter_func(p.normalize_())]
         for path in paths:
@@ -529,7 +556,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                     f" (tensor {_tensor_path.display(path)!r} in '{self._file_label}')"
                 )
         modules = dict(m.named_modules(remove_duplicate=False))
-        loaded = self._bulk_load(paths, verify_hash)
+        loaded = self._bulk_load(paths, verify_hash, self._in_place_targets(paths, modules))
         for path in paths:
             name = path[0]
             module_path, _, attr = name.rpartition(".")
@@ -547,6 +574,41 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                 module.register_buffer(attr, tensor.data, persistent=persistent)
         self._close_source()
         return len(paths)
+
+    def _in_place_targets(
+        self, paths: Sequence[TensorPath], modules: Dict[str, torch.nn.Module]
+    ) -> Dict[TensorPath, torch.Tensor]:
+        """The module tensors that uncached `paths` can be loaded into (see load_into_module)."""
+        if not (self._device.type != "cpu" or self._staged or self._route is None):
+            return {}
+        targets: Dict[TensorPath, torch.Tensor] = {}
+        taken = set()  # a tensor shared by two names (tied weights) is loaded into once
+        for path in paths:
+            if path in self._cache:
+                continue
+            module_path, _, attr = path[0].rpartition(".")
+            module = modules.get(module_path)
+            if module is None:
+                continue
+            existing = module._parameters.get(attr)
+            if existing is None:
+                existing = module._buffers.get(attr)
+            r = self._records[path]
+            if (
+                existing is not None
+                and not existing.is_meta
+                and existing.device == self._device
+                and r.dtype.torch is not None
+                and existing.dtype == r.dtype.torch
+                and self._cast_target(r.dtype.torch) is None
+                and tuple(existing.shape) == tuple(r.entry.shape)
+                and existing.is_contiguous()
+                and existing.numel() * existing.element_size() == r.expected_bytes
+                and existing.data_ptr() not in taken
+            ):
+                targets[path] = existing
+                taken.add(existing.data_ptr())
+        return targets
 
     def verify_module(self, m: torch.nn.Module) -> Tuple[bool, List[Tuple[Union[str, tuple], bool]]]:
         """Checks a live module's tensors against the stored hashes of the loaded tensors."""
