@@ -4,7 +4,6 @@ the module's own memory (GPU, the staging route on CPU, or CPU with mmap=False),
 keeps its Parameter objects and no second copy is allocated; meta tensors, mismatched shapes or
 dtypes, and casts still get new tensors registered."""
 
-import os
 import subprocess
 import sys
 import textwrap
