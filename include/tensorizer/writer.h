@@ -87,4 +87,11 @@ class Writer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Copies the data of `requests` into one block of fresh engine memory (2 MiB pages advised, so a
+// snapshot of a model faults in a few hundred pages, not hundreds of thousands) on `workers`
+// threads (0: every usable core), and points each request at its copy: a snapshot that a later
+// write() reads while the caller changes the originals (Python's background saves). Returns the
+// block's owner: keep it until that write has returned. Meta requests are left alone.
+std::shared_ptr<void> snapshot_data(std::vector<WriteRequest>& requests, int workers = 0);
+
 }  // namespace tensorizer

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include "bindings.h"
@@ -109,8 +110,26 @@ class PyWriter {
 
 }  // namespace
 
+// The requests pointed at a snapshot of their data (tensorizer::snapshot_data), and an object
+// that keeps the snapshot alive.
+nb::tuple snapshot(const std::vector<const tensorizer::WriteRequest*>& requests, int workers) {
+  std::vector<tensorizer::WriteRequest> copies;
+  copies.reserve(requests.size());
+  for (const tensorizer::WriteRequest* r : requests) copies.push_back(*r);
+  std::shared_ptr<void> block =
+      interruptible([&] { return tensorizer::snapshot_data(copies, workers); });
+  auto* keep = new std::shared_ptr<void>(std::move(block));
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+  nb::list out;
+  for (auto& c : copies) out.append(nb::cast(std::move(c)));
+  return nb::make_tuple(out, owner);
+}
+
 void register_writer(nb::module_& m) {
   using tensorizer::WriteRequest;
+  m.def("snapshot", &snapshot, nb::arg("requests"), nb::arg("workers") = 0,
+        "Copies of `requests` whose data is a snapshot in engine memory, and its owner (keep it "
+        "until the write returns).");
   nb::class_<WriteRequest>(m, "WriteRequest", "One tensor to write: where it goes and its bytes.")
       .def(
           "__init__",

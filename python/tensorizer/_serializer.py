@@ -2,6 +2,7 @@
 arrays to engine write requests (address, dtype, shape); the engine hashes, encrypts and writes
 them to whatever the caller passed (python/src/python_io.cc)."""
 
+import concurrent.futures
 import contextlib
 import io
 import os
@@ -36,6 +37,7 @@ cpu_count: int = _C.usable_cores()
 class _Request(typing.NamedTuple):
     request: "_C.WriteRequest"
     keepalive: Any  # the memory behind `address`, held until the write returns
+    shared: bool = False  # `address` is the caller's own memory (no copy was needed)
 
 
 def _tensor_request(path, tensor_type: int, idx: int, tensor: Any) -> _Request:
@@ -58,14 +60,16 @@ def _tensor_request(path, tensor_type: int, idx: int, tensor: Any) -> _Request:
             t = t.contiguous()
         if t.numel() == 0:
             _warn_unreadable_opaque(label, dtype, shape, meta=False)
-        return _Request(_C.WriteRequest(path, tensor_type, idx, dtype, shape, t.data_ptr()), t)
+        shared = t.numel() > 0 and t.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+        return _Request(_C.WriteRequest(path, tensor_type, idx, dtype, shape, t.data_ptr()), t, shared)
     if isinstance(tensor, numpy.ndarray):
         try:
             torch.from_numpy(numpy.empty((), dtype=tensor.dtype))
         except Exception as e:
             raise TypeError(f"Cannot serialize an array with dtype {tensor.dtype.name} (tensor {label!r})") from e
         arr = tensor if tensor.flags.c_contiguous else numpy.ascontiguousarray(tensor)
-        return _Request(_C.WriteRequest(path, tensor_type, idx, arr.dtype.str, list(arr.shape), arr.ctypes.data), arr)
+        request = _C.WriteRequest(path, tensor_type, idx, arr.dtype.str, list(arr.shape), arr.ctypes.data)
+        return _Request(request, arr, arr is tensor)
     raise TypeError(
         f"Cannot serialize {type(tensor).__name__} as tensor {label!r}: expected torch.Tensor or numpy.ndarray"
     )
@@ -93,6 +97,14 @@ class TensorSerializer:
         compress_tensors: accepted and ignored, as in the reference.
         encryption: EncryptionParams to encrypt tensor data.
         limit_cpu_concurrency: cap on the engine's hashing/writing threads.
+
+    ``write_state_dict`` and ``write_module`` take ``background=True`` (an extension of the
+    reference API): the tensors are copied to host memory (the only time the caller waits), and
+    the engine hashes, encrypts and writes them on a background thread without the GIL while the
+    caller goes on (training may change the originals). They then return a
+    ``concurrent.futures.Future`` whose ``result()`` raises the write's error. Writes land in call
+    order; ``close()`` waits for every pending one, and if any failed it publishes nothing and
+    raises that error.
     """
 
     def __init__(
@@ -129,6 +141,8 @@ class TensorSerializer:
         self.total_compressed_tensor_bytes = 0
         self._final_tensor_bytes = 0
         self._lock = threading.Lock()
+        self._background: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending: List[concurrent.futures.Future] = []
 
         if not isinstance(file_obj, (str, bytes, os.PathLike, int)):
             self._mode_check(file_obj)
@@ -158,10 +172,49 @@ class TensorSerializer:
         return self._writer
 
     def _write(self, requests: List[_Request]) -> None:
+        if self._background is not None:  # after background writes, in order behind them
+            self._write_in_background(requests, snapshot=False).result()
+            return
+        self._write_now(requests)
+
+    def _write_now(self, requests: List[_Request]) -> None:
         with self._lock:
             writer = self._writer_or_raise()
             writer.write([r.request for r in requests])
             del requests  # the engine is done with the memory
+
+    def _snapshot(self, requests: List[_Request]) -> List[_Request]:
+        """`requests` with the caller's memory replaced by one engine snapshot (huge pages, all
+        cores): the only part of a background write the caller waits for."""
+        shared = [k for k, r in enumerate(requests) if r.shared]
+        if not shared:
+            return requests
+        copies, owner = _C.snapshot([requests[k].request for k in shared], 0)
+        out = list(requests)
+        for k, copy in zip(shared, copies):
+            out[k] = _Request(copy, owner)
+        return out
+
+    def _write_in_background(self, requests: List[_Request], snapshot: bool = True) -> concurrent.futures.Future:
+        self._writer_or_raise()
+        if snapshot:
+            requests = self._snapshot(requests)
+        if self._background is None:
+            self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensorizer-save")
+        future = self._background.submit(self._write_now, requests)
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+        self._pending.append(future)
+        return future
+
+    def _wait_for_background(self) -> Optional[BaseException]:
+        """Waits for every background write; returns the first one's error (None: all wrote)."""
+        if self._background is None:
+            return None
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending]
+        self._background.shutdown(wait=True)
+        self._background = None
+        return next((e for e in errors if e is not None), None)
 
     def write_tensor(
         self,
@@ -184,21 +237,26 @@ class TensorSerializer:
         remove_tensors: bool = False,
         *,
         include_non_persistent_buffers: bool = True,
-    ) -> None:
+        background: bool = False,
+    ) -> Optional[concurrent.futures.Future]:
         """Writes every parameter and buffer of `m` in one batch (names per docs/format.md §1.11).
 
         Args:
             remove_tensors: afterwards, set each written attribute to None.
             include_non_persistent_buffers: False matches ``state_dict()`` (persistent only).
+            background: snapshot and write on a background thread; returns a Future (see the
+                class docstring).
         """
         with _gc_paused():
-            written = self._write_module(m, include_non_persistent_buffers)
+            requests, written = self._module_requests(m, include_non_persistent_buffers)
+        future = self._write_in_background(requests) if background else self._write(requests)
         if remove_tensors:
             for module, name in written:
                 setattr(module, name, None)
+        return future
 
-    def _write_module(self, m: torch.nn.Module, include_non_persistent_buffers: bool):
-        """Writes the tensors of write_module; returns the (module, attribute) pairs written."""
+    def _module_requests(self, m: torch.nn.Module, include_non_persistent_buffers: bool):
+        """The requests of write_module, and the (module, attribute) pairs they write."""
         requests: List[_Request] = []
         written: List[Tuple[torch.nn.Module, str]] = []
         for idx, (module_name, module) in enumerate(m.named_modules()):
@@ -211,20 +269,34 @@ class TensorSerializer:
                     continue
                 requests.append(_tensor_request(f"{module_name}.{name}", TensorType.BUFFER, idx, tensor))
                 written.append((module, name))
-        self._write(requests)
-        return written
+        return requests, written
 
-    def write_state_dict(self, state_dict: Union[Dict, List, Tuple]) -> None:
-        """Writes a (possibly nested) dict/list of tensors; keys become paths (docs/format.md §2.2)."""
+    def write_state_dict(
+        self, state_dict: Union[Dict, List, Tuple], *, background: bool = False
+    ) -> Optional[concurrent.futures.Future]:
+        """Writes a (possibly nested) dict/list of tensors; keys become paths (docs/format.md §2.2).
+        ``background=True``: snapshot and write on a background thread; returns a Future."""
         with _gc_paused():
             requests = [
                 _tensor_request(path.normalize_() if path.is_str_ else tuple(path), TensorType.STATE_DICT, 0, tensor)
                 for path, tensor in _tensor_path.flatten_structure(torch.Tensor, state_dict)
             ]
-            self._write(requests)
+        if background:
+            return self._write_in_background(requests)
+        self._write(requests)
+        return None
 
     def close(self) -> None:
-        """Finishes the file: publishes it at its path (or uploads it), closes a file object."""
+        """Finishes the file: publishes it at its path (or uploads it), closes a file object.
+        Waits for background writes first; if one failed, publishes nothing and raises its error."""
+        failed = self._wait_for_background()
+        if failed is not None:
+            self._abort()
+        self._close()
+        if failed is not None:
+            raise failed
+
+    def _close(self) -> None:
         with self._lock:
             writer = self._writer
             if writer is not None and not writer.closed:
@@ -245,6 +317,7 @@ class TensorSerializer:
 
     def __exit__(self, exc_type, exc_val, traceback) -> None:
         if exc_type is not None:
+            self._wait_for_background()
             self._abort()
         self.close()
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "codec/bytes.h"
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
+#include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
 #include "tensorizer/writer.h"
 #include "test_util.h"
@@ -374,6 +376,30 @@ TEST(RoundTripTest, SecondWriteThatOverflowsTheIndexIsRejected) {
   EXPECT_EQ(error_code_of([&] { w->write(b2.requests()); }), ErrorCode::kInvalidArgument);
   w->close();
   expect_file_holds(dir.path("o.tensors"), {&b1});
+}
+
+// A snapshot (snapshot_data) is what gets written, whatever happens to the originals after it.
+TEST(RoundTripTest, ASnapshotIsWrittenAsItWasTaken) {
+  test::TempDir dir;
+  Batch b;
+  b.add_torch("big", "float32", {5u << 20});  // several copy pieces
+  b.add_torch("meta", "float32", {4}, /*meta=*/true);
+  b.add_torch("small", "int8", {3});
+  const std::string big = b.bytes(0), small = b.bytes(2);
+  std::vector<WriteRequest> snap = b.requests();
+  std::shared_ptr<void> owner = snapshot_data(snap, 2);
+  ASSERT_TRUE(owner);
+  EXPECT_NE(snap[0].data, b.requests()[0].data);
+  EXPECT_EQ(snap[1].data, nullptr);
+  std::memset(const_cast<void*>(b.requests()[0].data), 0x5a, big.size());  // the caller goes on
+  std::memset(const_cast<void*>(b.requests()[2].data), 0x5a, small.size());
+  auto w = Writer::open(dir.path("s.tensors"));
+  w->write(snap);
+  w->close();
+  auto r = Reader::open(dir.path("s.tensors"));
+  auto out = load_to_host(*r, {0, 2});
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(out[0].data), out[0].size), big);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(out[1].data), out[1].size), small);
 }
 
 // ---- Validation errors leave the file intact --------------------------------------------------
