@@ -19,8 +19,8 @@ uint64_t data_bytes(const WriteRequest& r) {
   uint64_t bytes = parse_dtype(r.dtype).itemsize;
   for (uint64_t d : r.shape)
     if (__builtin_mul_overflow(bytes, d, &bytes))
-      fail(ErrorCode::kInvalidArgument, "tensor '" + display_path(r.path).substr(0, 200) +
-                                            "': size overflows 64 bits");
+      fail(ErrorCode::kInvalidArgument,
+           "tensor '" + display_path(r.path).substr(0, 200) + "': size overflows 64 bits");
   return bytes;
 }
 
