@@ -10,8 +10,9 @@ uploaded by the engine when closed.
 
 import io
 import os
+import time
 import typing
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from . import _C
 
@@ -148,10 +149,16 @@ class _EngineStreamFile(io.RawIOBase):
             raise ValueError("end must be greater than begin")
         self.uri = uri
         self.transport_options = options
-        self._source = _C.Source.open(uri, options)
+        opened = time.monotonic()
+        try:
+            self._source = _C.Source.open(uri, options)
+            size = self._source.size  # the first request
+        except OSError as e:  # worded as the reference's streams word it, so matching code works
+            raise type(e)(f"Failed to open stream: {e}") from None
+        self._open_latency = time.monotonic() - opened
+        self._read_latencies: List[float] = []
         # A TensorDeserializer over this stream shares the source (python/src/python_io.cc).
         self._engine_source = self._source
-        size = self._source.size
         self._end = size if end is None else min(end, size)
         self._pos = begin or 0
         self.read_operations = 0
@@ -175,7 +182,9 @@ class _EngineStreamFile(io.RawIOBase):
         if self._pos >= self._end:
             return 0
         want = min(len(view), self._end - self._pos)
+        start = time.monotonic()
         n = self._source.read_into(self._pos, view[:want])
+        self._read_latencies.append(time.monotonic() - start)
         self._pos += n
         self.read_operations += 1
         return n
@@ -200,7 +209,21 @@ class _EngineStreamFile(io.RawIOBase):
 
 
 class CURLStreamFile(_EngineStreamFile):
-    """An HTTP(S) (or presigned S3) object as a read-only stream (the engine's libcurl transport)."""
+    """An HTTP(S) (or presigned S3) object as a read-only stream (the engine's libcurl transport).
+
+    As the reference's: ``popen_latencies`` holds the time the open took (the engine's first
+    request: connection, TLS, the object's size), ``http_response_latencies`` the time of each
+    read (request to last byte), in seconds; an open that fails raises ``OSError`` whose message
+    begins "Failed to open stream" (certificate failures name cURL exit code 60).
+    """
+
+    @property
+    def popen_latencies(self) -> List[float]:
+        return [self._open_latency]
+
+    @property
+    def http_response_latencies(self) -> List[float]:
+        return self._read_latencies
 
     def __init__(
         self,
@@ -219,7 +242,19 @@ class CURLStreamFile(_EngineStreamFile):
 
 
 class RedisStreamFile(_EngineStreamFile):
-    """Keys written by ``TensorDeserializer.to_redis`` as a read-only stream (hiredis)."""
+    """Keys written by ``TensorDeserializer.to_redis`` as a read-only stream (hiredis).
+
+    As the reference's: ``setup_latency`` is the time the open took (connection and key
+    listing), ``response_latencies`` the time of each read, in seconds.
+    """
+
+    @property
+    def setup_latency(self) -> float:
+        return self._open_latency
+
+    @property
+    def response_latencies(self) -> List[float]:
+        return self._read_latencies
 
     def __init__(
         self, uri: str, *, begin: Optional[int] = None, end: Optional[int] = None, buffer_size: Optional[int] = None

@@ -233,6 +233,11 @@ bool retryable(CURLcode code) {
   }
 }
 
+std::string curl_error_text(CURLcode code, const char* errbuf) {
+  return std::string("curl: ") + (errbuf && errbuf[0] ? errbuf : curl_easy_strerror(code)) +
+         " (cURL exit code " + std::to_string(static_cast<int>(code)) + ")";
+}
+
 bool retryable_status(long status) { return status == 408 || status == 429 || status >= 500; }
 
 double backoff_delay(int attempt, double base_s, double retry_after_s) {

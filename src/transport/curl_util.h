@@ -120,6 +120,11 @@ std::string s3_error_summary(const std::string& body);
 
 // True for curl failures worth retrying (connection refused/dropped/reset, timeouts, short bodies).
 bool retryable(CURLcode code);
+
+// "curl: MESSAGE (cURL exit code N)": libcurl's message (the handle's error buffer when it has
+// one) and the code, which is also the curl command's exit code (60: the peer's certificate
+// could not be verified), as the reference's messages name it.
+std::string curl_error_text(CURLcode code, const char* errbuf);
 // True for HTTP statuses worth retrying (408, 429, 5xx).
 bool retryable_status(long status);
 // The delay before retry number `attempt` (1-based): exponential from `base_s`, capped at 5 s,

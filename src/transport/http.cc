@@ -223,9 +223,8 @@ class StreamCursor {
     drain_leftover();
     while (got_ < want_ && error_.empty()) {
       if (finished_) {
-        error_ = result_ != CURLE_OK
-                     ? std::string("curl: ") + (errbuf_[0] ? errbuf_ : curl_easy_strerror(result_))
-                     : "the response ended at byte " + std::to_string(pos_);
+        error_ = result_ != CURLE_OK ? net::curl_error_text(result_, errbuf_)
+                                     : "the response ended at byte " + std::to_string(pos_);
         break;
       }
       if (paused_) {
@@ -507,7 +506,7 @@ class HttpSource final : public Source {
         if (!net::retryable_status(status)) fail_status(status, text, offset, total, done);
         last_error = text;
       } else if (a.code != CURLE_OK) {
-        last_error = std::string("curl: ") + (a.errbuf[0] ? a.errbuf : curl_easy_strerror(a.code));
+        last_error = net::curl_error_text(a.code, a.errbuf);
         if (!net::retryable(a.code))
           fail(ErrorCode::kIO, where(offset, total, done) + ": " + last_error);
       } else {

@@ -155,7 +155,7 @@ Response request(net::CurlEasy& easy, const net::HttpTarget& target, const HttpO
   r.code = easy.perform();
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
   r.status = r.meta.status;
-  if (r.code != CURLE_OK) r.curl_error = errbuf[0] ? errbuf : curl_easy_strerror(r.code);
+  if (r.code != CURLE_OK) r.curl_error = net::curl_error_text(r.code, errbuf);
   return r;
 }
 
@@ -170,7 +170,7 @@ Response with_retries(const RetryOptions& options, const net::HttpTarget& target
     if (r.code == CURLE_OK && r.status >= 200 && r.status < 300 && !error_body) return r;
     bool again;
     if (r.code != CURLE_OK) {
-      last = "curl: " + r.curl_error;
+      last = r.curl_error;
       again = net::retryable(r.code);
     } else {
       last = net::describe_status(r.status, r.body, true);

@@ -91,6 +91,34 @@ def test_https_without_the_ca_fails():
     assert "certificate" in str(err.value).lower()
 
 
+def test_stream_open_failures_read_as_the_references_do():
+    """Code matching the reference's messages keeps working: "Failed to open stream", and a
+    certificate failure names cURL exit code 60."""
+    url, https = server_env("TZ_TEST_HTTP_URL", "TZ_TEST_HTTPS_URL")
+    with pytest.raises(OSError, match=r"^Failed to open stream: .*404"):
+        stream_io.open_stream(f"{url}/fixtures/missing.tensors")
+    with pytest.raises(OSError, match=r"^Failed to open stream: .*cURL exit code 60"):
+        stream_io.open_stream(f"{https}/fixtures/dtypes.tensors")
+
+
+def test_stream_latencies_as_the_reference_reports_them():
+    url, redis_url = server_env("TZ_TEST_HTTP_URL", "TZ_TEST_REDIS_URL")
+    with stream_io.open_stream(f"{url}/fixtures/dtypes.tensors") as f:
+        assert isinstance(f, stream_io.CURLStreamFile)
+        f.read(100)
+        f.read(100)
+        assert len(f.popen_latencies) == 1 and 0 < f.popen_latencies[0] < 30
+        assert len(f.http_response_latencies) == 2 and all(0 < t < 30 for t in f.http_response_latencies)
+    prefix = f"py-{uuid.uuid4().hex}"
+    with TensorDeserializer(str(FIXTURES / "dtypes.tensors"), device="cpu", lazy_load=True) as src:
+        src.to_redis(redis_client(redis_url), prefix)
+    with stream_io.open_stream(f"{redis_url}/{prefix}") as f:
+        assert isinstance(f, stream_io.RedisStreamFile)
+        assert f.read(8) == (FIXTURES / "dtypes.tensors").read_bytes()[:8]
+        assert 0 < f.setup_latency < 30
+        assert len(f.response_latencies) == 1 and 0 < f.response_latencies[0] < 30
+
+
 def test_http_404():
     (url,) = server_env("TZ_TEST_HTTP_URL")
     with pytest.raises(Exception) as err:
