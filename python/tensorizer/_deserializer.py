@@ -269,6 +269,11 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                 with contextlib.suppress(Exception):
                     self._file.close()
 
+    @property
+    def _file_header(self) -> "types.SimpleNamespace":
+        """The reference's private attribute its own tests read (``version_number``)."""
+        return types.SimpleNamespace(version_number=self._version)
+
     def close(self) -> None:
         """Releases the source (and a file object passed in). Loaded tensors stay usable."""
         if getattr(self, "_reader", None) is not None:
