@@ -27,6 +27,9 @@ __all__ = ("tensorizer_saving", "tensorizer_loading")
 
 logger = logging.getLogger(__name__)
 
+# What torch.save/torch.load take as a file (the reference's name; user callbacks annotate with it).
+_FileLike = typing.Union[str, os.PathLike, typing.BinaryIO, typing.IO[bytes]]
+
 _ORIG_TORCH_SAVE: typing.Final[Callable] = torch.save
 _ORIG_TORCH_LOAD: typing.Final[Callable] = torch.load
 
