@@ -10,7 +10,8 @@ APT_PACKAGES=(
   libsodium-dev                          # encryption
   libhiredis-dev                         # Redis transport
   libcli11-dev                           # command-line parsing
-  libgtest-dev nlohmann-json3-dev        # C++ tests
+  nlohmann-json3-dev                     # safetensors headers (JSON)
+  libgtest-dev                           # C++ tests
   clang libclang-rt-14-dev               # libFuzzer and sanitizers
   nginx redis-server curl openssl        # servers and clients for transport tests
   clang-format                           # `make lint`: C++ formatting (.clang-format)

@@ -36,7 +36,7 @@ const char* to_string(LoadedVia via);
 
 struct HostTensor {
   size_t entry;   // index into Reader::entries()
-  uint8_t* data;  // expected_bytes() bytes, writable, 64-byte aligned
+  uint8_t* data;  // expected_bytes() bytes, writable, view_alignment()-aligned (mapped_load.h)
   size_t size;
   LoadedVia via;
   std::shared_ptr<void> owner;  // releases the bytes when the last copy goes

@@ -8,8 +8,8 @@
 //
 // Contract: the file must not be truncated or rewritten in place while a mapping is alive
 // (the kernel would raise SIGBUS on access); files written by this library are replaced by
-// rename, which is safe. Tensors whose data offset is not 64-byte aligned, or that are meta,
-// empty or encrypted, cannot be mapped (can_map() says so); load them with Reader::load.
+// rename, which is safe. Tensors whose data offset is not aligned (view_alignment()), or that are
+// meta, empty or encrypted, cannot be mapped (can_map() says so); load them with Reader::load.
 // Thread-safety: as Reader (one caller at a time).
 #pragma once
 
@@ -30,7 +30,12 @@ struct MappedTensor {
 // any route reading the file itself needs).
 bool plain_local(Reader& reader, const IndexEntry& entry);
 
-// Whether map_tensors() can serve this entry of this reader (plain_local and 64-byte aligned).
+// The alignment a tensor's bytes need to be handed out where they lie: 64 bytes in a .tensors
+// file (where this library's writer puts every tensor), the element size in a safetensors file
+// (whose format aligns only its buffer, to 8 bytes, and whose own loaders hand out such views).
+uint64_t view_alignment(Reader& reader, const IndexEntry& entry);
+
+// Whether map_tensors() can serve this entry of this reader (plain_local and view-aligned).
 bool can_map(Reader& reader, size_t entry);
 
 // Maps the given entries (each must pass can_map) and pre-faults them with

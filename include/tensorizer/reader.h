@@ -1,10 +1,13 @@
 // tensorizer/reader.h — open a .tensors object and load tensors into caller memory.
 //
 // Reader::open reads the prelude and the whole index in one or two small reads and validates
-// them (hostile input fails with an Error, never a crash). load() then fills caller-provided
-// buffers: the planner cuts the requested tensors into contiguous byte ranges, N workers read
-// them in parallel straight into the destinations (one copy, from the transport into the final
-// memory), decrypt chunk by chunk and check hashes when asked. Meta tensors are zero-filled.
+// them (hostile input fails with an Error, never a crash). It also opens safetensors files
+// (recognised by their first bytes, tensorizer/safetensors.h): their tensors have no per-tensor
+// header and no hashes, and every load route serves them the same way. load() then fills
+// caller-provided buffers: the planner cuts the requested tensors into contiguous byte ranges, N
+// workers read them in parallel straight into the destinations (one copy, from the transport into
+// the final memory), decrypt chunk by chunk and check hashes when asked. Meta tensors are
+// zero-filled.
 //
 // Thread-safety: a Reader is used by one thread at a time (load() runs its own workers);
 // entries() and header() may be read concurrently once open() returned.
@@ -16,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tensorizer/crypto.h"
@@ -23,6 +27,8 @@
 #include "tensorizer/transport.h"
 
 namespace tensorizer {
+
+enum class FileFormat { kTensorizer, kSafetensors };
 
 struct ReaderOptions {
   TransportOptions transport;
@@ -64,7 +70,12 @@ class Reader {
                                       const ReaderOptions& options = {});
   ~Reader();
 
+  // For a safetensors file: version 0, tensor_count, tensor_size (data bytes) and index_size (the
+  // JSON header's length); no flags.
   const FileHeader& header() const;
+  FileFormat format() const;
+  // The safetensors "__metadata__" strings, sorted by key (empty for .tensors files).
+  const std::vector<std::pair<std::string, std::string>>& metadata() const;
   const std::vector<IndexEntry>& entries() const;
   const std::string& uri() const;
   bool encrypted() const { return header().has_crypt_info(); }
@@ -112,6 +123,9 @@ class Reader {
 
  private:
   explicit Reader(std::unique_ptr<Impl> impl);
+  static std::unique_ptr<Reader> finish_open(std::unique_ptr<Impl> impl,
+                                             std::unique_ptr<Source> source,
+                                             const ReaderOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -318,6 +318,21 @@ void register_reader(nb::module_& m) {
       .def_prop_ro("closed", &PyReader::closed)
       .def_prop_ro("uri", [](PyReader& r) { return r.get().uri(); })
       .def_prop_ro("version", [](PyReader& r) { return r.get().header().version; })
+      .def_prop_ro(
+          "format",
+          [](PyReader& r) {
+            return r.get().format() == tensorizer::FileFormat::kSafetensors ? "safetensors"
+                                                                            : "tensorizer";
+          },
+          "'tensorizer' or 'safetensors'")
+      .def_prop_ro(
+          "metadata",
+          [](PyReader& r) {
+            nb::dict out;
+            for (const auto& [k, v] : r.get().metadata()) out[nb::str(k.data(), k.size())] = v;
+            return out;
+          },
+          "safetensors' __metadata__ strings (empty for .tensors files)")
       .def_prop_ro("flags", [](PyReader& r) { return r.get().header().flags; })
       .def_prop_ro("tensor_size", [](PyReader& r) { return r.get().header().tensor_size; })
       .def_prop_ro("tensor_count", [](PyReader& r) { return r.get().header().tensor_count; })

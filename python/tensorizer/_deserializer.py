@@ -90,6 +90,11 @@ def _cuda_runtime_path() -> str:
 class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextManager):
     """Reads a .tensors file into torch tensors; a read-only Mapping of its top-level keys.
 
+    A safetensors file opens the same way (the engine tells the formats apart by their first
+    bytes) and loads through the same routes; its tensors are keyed by their names, it has no
+    hashes to verify and it is never encrypted. ``tensorizer.safetensors`` has the
+    ``safetensors.torch``-shaped entry points.
+
     Args:
         file_obj: a path, a URI (``http(s)://``, ``s3://``, ``redis://``, any transport the
             engine knows), a stream from ``stream_io.open_stream``, or a readable binary file
@@ -206,6 +211,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self._file_label = self._reader.uri
         reader = self._reader
         self._version = reader.version
+        self._format: str = reader.format  # "tensorizer" or "safetensors"
+        self._file_metadata: Dict[str, str] = reader.metadata  # safetensors' __metadata__
         self.total_file_bytes: int = reader.tensor_size
         self.total_compressed_tensor_bytes = 0
         self.read_bytes = 0

@@ -27,10 +27,14 @@ constexpr int kMaxDirectReads = 16;
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Whether the direct route can serve the tensor: its data can be moved down to a 64-byte
-// boundary without touching the previous tensor (only its own header lies below it).
+// Whether the tensor's data can be moved down to a 64-byte boundary without touching the
+// previous tensor (only its own header lies below it).
+bool can_move_down(const IndexEntry& e) { return e.data_offset % kAlignment <= e.header_size(); }
+
+// Whether the direct route can serve the tensor: its data can be moved to a 64-byte boundary,
+// or is aligned enough where it lies (view_alignment: safetensors).
 bool can_direct(Reader& r, const IndexEntry& e) {
-  return plain_local(r, e) && e.data_offset % kAlignment <= e.header_size();
+  return plain_local(r, e) && (can_move_down(e) || e.data_offset % view_alignment(r, e) == 0);
 }
 
 // Reads runs of neighbouring tensors with O_DIRECT into one huge-page block; then, per tensor,
@@ -98,7 +102,8 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
     const uint8_t* header = at + (e.header_offset - run.begin);
     r.adopt_header(entry, std::string(reinterpret_cast<const char*>(header), e.header_size()));
     uint8_t* data = at + (e.data_offset - run.begin);
-    uint8_t* dest = at + (align_down(e.data_offset, kAlignment) - run.begin);
+    uint8_t* dest =
+        can_move_down(e) ? at + (align_down(e.data_offset, kAlignment) - run.begin) : data;
     if (dest != data) std::memmove(dest, data, e.data_length);  // over its own header only
     if (opt.verify_hash) engine::verify_tensor(r, entry, dest);
     out[slots[k]] = {entry, dest, e.data_length, LoadedVia::kDirect,

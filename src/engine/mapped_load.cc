@@ -44,9 +44,15 @@ bool plain_local(Reader& reader, const IndexEntry& e) {
          e.data_length > 0 && e.data_length == e.expected_bytes();
 }
 
+uint64_t view_alignment(Reader& reader, const IndexEntry& e) {
+  return reader.format() == FileFormat::kSafetensors ? std::max<uint64_t>(e.itemsize(), 1)
+                                                     : kDataAlignment;
+}
+
 bool can_map(Reader& reader, size_t entry) {
-  return entry < reader.entries().size() && plain_local(reader, reader.entries()[entry]) &&
-         reader.entries()[entry].data_offset % kDataAlignment == 0;
+  if (entry >= reader.entries().size()) return false;
+  const IndexEntry& e = reader.entries()[entry];
+  return plain_local(reader, e) && e.data_offset % view_alignment(reader, e) == 0;
 }
 
 std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>& entries,

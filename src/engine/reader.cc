@@ -18,6 +18,7 @@
 #include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
+#include "tensorizer/safetensors.h"
 
 namespace tensorizer {
 namespace {
@@ -41,6 +42,45 @@ std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr
   throw Error(err.code(), context + ": " + err.what());
 }
 
+// A tensor's own header, parsed and checked against its index entry. A safetensors tensor has
+// none (zero bytes): its details then come from the index alone, with no hashes to check.
+std::unique_ptr<LoadedTensorInfo> loaded_info_from(const FileHeader& file, const IndexEntry& e,
+                                                   std::string bytes) {
+  if (bytes.size() != e.header_size())
+    fail(ErrorCode::kFormat, "header of " + std::to_string(bytes.size()) +
+                                 " bytes, the index says " + std::to_string(e.header_size()));
+  auto info = std::make_unique<LoadedTensorInfo>();
+  if (e.header_size() == 0) {
+    info->header.type = e.type;
+    info->header.name = e.name;
+    info->header.dtype = e.dtype;
+    info->header.shape = e.shape;
+    info->header.data_length = static_cast<int64_t>(e.data_length);
+    return info;
+  }
+  info->header_bytes = std::move(bytes);
+  info->header =
+      parse_tensor_header(reinterpret_cast<const uint8_t*>(info->header_bytes.data()),
+                          info->header_bytes.size(), file.has_crypt_info(), e.long_shape());
+  check_header_matches_entry(info->header, e);
+  info->module_idx = info->header.module_idx;
+  return info;
+}
+
+// Reads the safetensors header after the 8-byte length (`head` holds what was read so far).
+SafetensorsHeader open_safetensors(Source& source, std::string& head, uint64_t size) {
+  const uint64_t n =
+      safetensors_header_length(reinterpret_cast<const uint8_t*>(head.data()), head.size(), size);
+  const uint64_t end = kSafetensorsLengthSize + n;
+  if (end > head.size()) {
+    const size_t have = head.size();
+    head.resize(end);
+    source.read_at(have, head.data() + have, end - have);
+  }
+  return parse_safetensors_header(
+      reinterpret_cast<const uint8_t*>(head.data()) + kSafetensorsLengthSize, n, size);
+}
+
 }  // namespace
 
 struct Reader::Impl {
@@ -48,6 +88,8 @@ struct Reader::Impl {
   FileHeader header;
   std::vector<IndexEntry> entries;
   std::unordered_map<std::string_view, size_t> by_name;
+  FileFormat format = FileFormat::kTensorizer;
+  std::vector<std::pair<std::string, std::string>> metadata;  // safetensors' __metadata__
   std::optional<DecryptionParams> decryption;
   crypto::KeyCache key_cache;
   std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
@@ -71,7 +113,22 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
     const uint64_t first = source->local_fd() >= 0 ? kPreludeSize : kFirstReadBytes;
     std::string head(std::min(size, first), '\0');
     source->read_at(0, head.data(), head.size());
-    impl->header = parse_file_header(reinterpret_cast<const uint8_t*>(head.data()), head.size());
+    const auto* bytes = reinterpret_cast<const uint8_t*>(head.data());
+    if (std::memcmp(bytes, kMagic, kMagicSize) != 0 && looks_like_safetensors(bytes, head.size())) {
+      if (options.decryption)
+        fail(ErrorCode::kCrypto,
+             "decryption was requested, but safetensors files are not encrypted");
+      SafetensorsHeader st = open_safetensors(*source, head, size);
+      impl->format = FileFormat::kSafetensors;
+      impl->entries = std::move(st.entries);
+      impl->metadata = std::move(st.metadata);
+      impl->header.version = 0;
+      impl->header.tensor_count = impl->entries.size();
+      impl->header.index_size = st.data_start - kSafetensorsLengthSize;
+      for (const IndexEntry& e : impl->entries) impl->header.tensor_size += e.data_length;
+      return finish_open(std::move(impl), std::move(source), options);
+    }
+    impl->header = parse_file_header(bytes, head.size());
     const FileHeader& h = impl->header;
     if (h.has_crypt_info() && !options.decryption && !options.without_key)
       fail(ErrorCode::kCrypto,
@@ -100,11 +157,22 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
       throw;  // transports name it already
     rethrow_with_context(err, "'" + uri + "'");
   }
+  return finish_open(std::move(impl), std::move(source), options);
+}
+
+std::unique_ptr<Reader> Reader::finish_open(std::unique_ptr<Impl> impl,
+                                            std::unique_ptr<Source> source,
+                                            const ReaderOptions& options) {
   impl->source = std::move(source);
   impl->decryption = options.decryption;
   impl->loaded.resize(impl->entries.size());
   for (size_t i = 0; i < impl->entries.size(); ++i) impl->by_name.emplace(impl->entries[i].name, i);
   return std::unique_ptr<Reader>(new Reader(std::move(impl)));
+}
+
+FileFormat Reader::format() const { return impl_->format; }
+const std::vector<std::pair<std::string, std::string>>& Reader::metadata() const {
+  return impl_->metadata;
 }
 
 const FileHeader& Reader::header() const { return impl_->header; }
@@ -137,20 +205,12 @@ const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string header_by
   if (entry >= impl_->entries.size())
     fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
   const IndexEntry& e = impl_->entries[entry];
-  auto info = std::make_unique<LoadedTensorInfo>();
+  std::unique_ptr<LoadedTensorInfo> info;
   try {
-    if (header_bytes.size() != e.header_size())
-      fail(ErrorCode::kFormat, "header of " + std::to_string(header_bytes.size()) +
-                                   " bytes, the index says " + std::to_string(e.header_size()));
-    info->header_bytes = std::move(header_bytes);
-    info->header = parse_tensor_header(reinterpret_cast<const uint8_t*>(info->header_bytes.data()),
-                                       info->header_bytes.size(), impl_->header.has_crypt_info(),
-                                       e.long_shape());
-    check_header_matches_entry(info->header, e);
+    info = loaded_info_from(impl_->header, e, std::move(header_bytes));
   } catch (const Error& err) {
     rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "'");
   }
-  info->module_idx = info->header.module_idx;
   impl_->loaded[entry] = std::move(info);
   return *impl_->loaded[entry];
 }
@@ -299,13 +359,7 @@ class LoadJob {
   void on_header(size_t t, std::string bytes) {
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries[d.entry];
-    auto info = std::make_unique<LoadedTensorInfo>();
-    info->header_bytes = std::move(bytes);
-    const auto* raw = reinterpret_cast<const uint8_t*>(info->header_bytes.data());
-    info->header = parse_tensor_header(raw, info->header_bytes.size(), r_.header.has_crypt_info(),
-                                       e.long_shape());
-    check_header_matches_entry(info->header, e);
-    info->module_idx = info->header.module_idx;
+    auto info = loaded_info_from(r_.header, e, std::move(bytes));
     if (e.is_meta() && !d.zeroed) std::memset(d.data, 0, e.expected_bytes());
     // The header just read is what this load decrypts and verifies with (replacing any earlier
     // copy: references from read_header()/loaded_info() last until the next load of the tensor).

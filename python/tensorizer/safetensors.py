@@ -1,0 +1,137 @@
+"""safetensors files through the engine, with the entry points of ``safetensors.torch``.
+
+``load_file``, ``load`` and ``safe_open`` behave as safetensors' own do, but read through the
+tensorizer engine: local files take the mapped / direct-I/O / copy routes, and paths may be
+URIs (``http(s)://``, ``s3://``, ``redis://``). ``TensorDeserializer`` opens safetensors files
+too (same Mapping view, ``load_into_module``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+
+from ._deserializer import TensorDeserializer
+from ._tensor_path import TensorPath
+
+__all__ = ["load_file", "load", "safe_open"]
+
+PathOrUri = Union[str, bytes, os.PathLike]
+
+# The safetensors name of each torch dtype a safetensors file can hold (for get_slice().get_dtype()).
+_SAFETENSORS_DTYPES = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.uint16: "U16",
+    torch.int32: "I32",
+    torch.uint32: "U32",
+    torch.int64: "I64",
+    torch.uint64: "U64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.complex64: "C64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e8m0fnu: "F8_E8M0",
+}
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself, not the Parameter the deserializer keeps it in."""
+    return tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+
+
+def _open(source: Any, device: Union[str, int, torch.device], lazy: bool) -> TensorDeserializer:
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    deserializer = TensorDeserializer(source, device=device, lazy_load=lazy)
+    if deserializer._format != "safetensors":
+        deserializer.close()
+        raise ValueError(f"'{deserializer._file_label}' is not a safetensors file")
+    return deserializer
+
+
+def load_file(filename: PathOrUri, device: Union[str, int, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (path or URI), by name, on ``device``."""
+    with _open(filename, device, lazy=False) as d:
+        return {name: _plain(d[name]) for name in d.keys()}
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file held in memory, by name, on the CPU."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data: expected bytes, got {data.__class__.__name__}")
+    import io
+
+    return load_file_object(io.BytesIO(bytes(data)))
+
+
+def load_file_object(file_obj: Any, device: Union[str, int, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file read from a binary file object."""
+    with _open(file_obj, device, lazy=False) as d:
+        return {name: _plain(d[name]) for name in d.keys()}
+
+
+class _Slice:
+    """What ``safe_open.get_slice`` returns: shape and dtype without loading, then ``[...]``."""
+
+    def __init__(self, owner: "safe_open", name: str):
+        self._owner, self._name = owner, name
+        self._entry = owner._deserializer._metadata[TensorPath((name,))]
+
+    def get_shape(self) -> List[int]:
+        return list(self._entry.shape)
+
+    def get_dtype(self) -> str:
+        """The safetensors dtype name ("F32", "BF16", ...)."""
+        return _SAFETENSORS_DTYPES[self._owner._deserializer._records[TensorPath((self._name,))].dtype.torch]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self._owner.get_tensor(self._name)[index]
+
+
+class safe_open:  # noqa: N801 (the name safetensors gives it)
+    """A safetensors file opened lazily: ``keys()``, ``get_tensor``, ``get_slice``, ``metadata()``.
+
+    Usable as a context manager, as safetensors' own. ``framework`` must be "pt" (or "torch").
+    """
+
+    def __init__(self, filename: PathOrUri, framework: str = "pt", device: Union[str, int, torch.device] = "cpu"):
+        if framework not in ("pt", "torch"):
+            raise ValueError(f"framework {framework!r} is not supported: tensorizer loads torch tensors ('pt')")
+        self._deserializer = _open(filename, device, lazy=True)
+
+    def keys(self) -> List[str]:
+        return sorted(self._deserializer.keys())
+
+    def offset_keys(self) -> List[str]:
+        """Names in the order of their data in the file."""
+        return list(self._deserializer.keys())
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        return dict(self._deserializer._file_metadata) or None
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        if name not in self._deserializer:
+            raise KeyError(f"tensor {name!r} is not in the file")
+        return _plain(self._deserializer[name])
+
+    def get_slice(self, name: str) -> _Slice:
+        if name not in self._deserializer:
+            raise KeyError(f"tensor {name!r} is not in the file")
+        return _Slice(self, name)
+
+    def close(self) -> None:
+        self._deserializer.close()
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
