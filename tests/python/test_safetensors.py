@@ -1,0 +1,196 @@
+"""safetensors files through the engine (tensorizer.safetensors and TensorDeserializer): the same
+tensors, dtypes and metadata as the safetensors library gives, on every host route, from HTTP and
+S3, and hostile headers refused as ValueErrors naming the file and the cause."""
+
+import os
+import struct
+import uuid
+
+import pytest
+import safetensors.torch
+import torch
+
+import tensorizer.safetensors as ts
+from tensorizer import TensorDeserializer, stream_io
+
+from test_remote import s3_open_kwargs, server_env
+
+
+def sample_state_dict():
+    g = torch.Generator().manual_seed(3)
+    sd = {
+        "model.embed.weight": torch.randn(257, 33, generator=g),
+        "model.layers.0.w": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        "model.layers.0.b": torch.randn(13, generator=g).to(torch.float16),
+        "ids": torch.arange(11, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "u8": torch.arange(5, dtype=torch.uint8),
+        "i8": torch.arange(-3, 4, dtype=torch.int8),
+        "i16": torch.arange(6, dtype=torch.int16),
+        "i32": torch.arange(6, dtype=torch.int32),
+        "f64": torch.randn(4, generator=g, dtype=torch.float64),
+        "c64": torch.randn(3, generator=g, dtype=torch.complex64),
+        "f8": torch.randn(9, generator=g).to(torch.float8_e4m3fn),
+        "f8b": torch.randn(9, generator=g).to(torch.float8_e5m2),
+        "empty": torch.zeros(0, 7),
+        "scalar": torch.tensor(2.5),
+    }
+    for name in ("u16", "u32", "u64"):
+        dtype = getattr(torch, "uint" + name[1:])
+        sd[name] = torch.arange(4).to(dtype)
+    return sd
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype and a.shape == b.shape and a.view(-1).view(torch.uint8).equal(b.view(-1).view(torch.uint8))
+    )
+
+
+@pytest.fixture
+def st_file(tmp_path):
+    path = str(tmp_path / "model.safetensors")
+    sd = sample_state_dict()
+    safetensors.torch.save_file(sd, path, metadata={"format": "pt", "note": "ü"})
+    return path, sd
+
+
+def drop_page_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("mmap", [None, True, False])
+@pytest.mark.parametrize("cold", [False, True])
+def test_load_file_matches_the_safetensors_library(st_file, mmap, cold, monkeypatch):
+    path, sd = st_file
+    if mmap is not None:
+        monkeypatch.setenv("TENSORIZER_MMAP", "1" if mmap else "0")
+    if cold:
+        drop_page_cache(path)
+    got = ts.load_file(path)
+    theirs = safetensors.torch.load_file(path)
+    assert list(got) == list(theirs) or sorted(got) == sorted(theirs)
+    for name, t in sd.items():
+        assert type(got[name]) is torch.Tensor
+        assert same(got[name], t), name
+        assert same(got[name], theirs[name]), name
+
+
+def test_the_default_route_maps_aligned_tensors_of_a_cached_file(st_file):
+    path, _ = st_file
+    with TensorDeserializer(path, device="cpu") as d:
+        via = {p[0]: v for p, v in d._loaded_via.items()}
+    # safetensors aligns its buffer to 8 bytes; a tensor at its element size's alignment is mapped.
+    assert via["model.embed.weight"] == "mapped"
+    assert set(via.values()) <= {"mapped", "direct", "copied"}
+
+
+def test_safe_open_keys_metadata_tensors_and_slices(st_file):
+    path, sd = st_file
+    with ts.safe_open(path, framework="pt") as ours, safetensors.safe_open(path, framework="pt") as theirs:
+        assert ours.keys() == sorted(theirs.keys())
+        assert ours.metadata() == theirs.metadata() == {"format": "pt", "note": "ü"}
+        for name in ours.keys():
+            assert same(ours.get_tensor(name), theirs.get_tensor(name)), name
+        s, t = ours.get_slice("model.embed.weight"), theirs.get_slice("model.embed.weight")
+        assert s.get_shape() == t.get_shape() == [257, 33]
+        assert s.get_dtype() == t.get_dtype() == "F32"
+        assert ours.get_slice("model.layers.0.w").get_dtype() == theirs.get_slice("model.layers.0.w").get_dtype()
+        assert torch.equal(s[10:20, 3:5], t[10:20, 3:5])
+        with pytest.raises(KeyError):
+            ours.get_tensor("missing")
+    with pytest.raises(ValueError, match="framework"):
+        ts.safe_open(path, framework="np")
+
+
+def test_load_from_bytes_and_a_tensors_file_is_refused(st_file, tmp_path):
+    path, sd = st_file
+    with open(path, "rb") as f:
+        got = ts.load(f.read())
+    assert all(same(got[k], v) for k, v in sd.items())
+    from tensorizer import TensorSerializer
+
+    tz = str(tmp_path / "m.tensors")
+    with TensorSerializer(tz) as s:
+        s.write_state_dict({"a": torch.ones(2)})
+    with pytest.raises(ValueError, match="is not a safetensors file"):
+        ts.load_file(tz)
+
+
+def test_deserializer_mapping_view_and_load_into_module(tmp_path):
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+
+    model = make()
+    model[1].running_mean.add_(3)
+    path = str(tmp_path / "m.safetensors")
+    safetensors.torch.save_file(model.state_dict(), path)
+    fresh = make()
+    with TensorDeserializer(path, device="cpu", lazy_load=True) as d:
+        assert sorted(d.keys()) == sorted(model.state_dict())
+        assert torch.equal(d["0.weight"], model[0].weight)
+        d.load_into_module(fresh)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert sorted(n for n, _ in fresh.named_buffers()) == sorted(n for n, _ in model.named_buffers())
+    assert sorted(n for n, _ in fresh.named_parameters()) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_over_http_and_s3(st_file):
+    path, sd = st_file
+    with open(path, "rb") as f:
+        data = f.read()
+    url, root = server_env("TZ_TEST_HTTP_URL", "TZ_TEST_HTTP_ROOT")
+    name = f"st-{uuid.uuid4().hex}.safetensors"
+    with open(os.path.join(root, name), "wb") as f:
+        f.write(data)
+    got = ts.load_file(f"{url}/{name}")
+    assert all(same(got[k], v) for k, v in sd.items())
+
+    _, bucket = server_env("TZ_TEST_S3_ENDPOINT", "TZ_TEST_S3_BUCKET")
+    uri = f"s3://{bucket}/{name}"
+    with stream_io.open_stream(uri, "wb", **s3_open_kwargs()) as f:
+        f.write(data)
+    stream = stream_io.open_stream(uri, **s3_open_kwargs())
+    with TensorDeserializer(stream, device="cpu", lazy_load=True) as d:
+        assert all(same(d[k].data, v) for k, v in sd.items())
+
+
+def header_file(tmp_path, header: bytes, data: bytes = b"") -> str:
+    path = str(tmp_path / f"{uuid.uuid4().hex}.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "header, data, message",
+    [
+        (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}', b"\0" * 4, "dtype and shape make 8 bytes"),
+        (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 2, "past the data buffer"),
+        (b'{"a":{"dtype":"XX","shape":[1],"data_offsets":[0,1]}}', b"\0", "unknown safetensors dtype 'XX'"),
+        (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}', b"\0", "not valid JSON"),
+        (
+            b'{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}',
+            b"\0" * 3,
+            "overlaps",
+        ),
+        (b'{"__metadata__":{"k":[1]}}', b"", "is not a string"),
+    ],
+)
+def test_hostile_headers_are_value_errors_naming_file_and_cause(tmp_path, header, data, message):
+    path = header_file(tmp_path, header, data)
+    with pytest.raises(ValueError, match=message) as err:
+        ts.load_file(path)
+    assert path in str(err.value)
+
+
+def test_an_unsupported_dtype_is_named(tmp_path):
+    path = header_file(tmp_path, b'{"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}}', b"\0")
+    with pytest.raises(Exception, match="F4") as err:
+        ts.load_file(path)
+    assert path in str(err.value)
