@@ -31,6 +31,7 @@ LOADS = [
     ("ours, reference-written file", "ours", "tensorizer", "ref"),
     ("ours, mmap=True", "ours", "tensorizer_mmap", "ours"),
     ("reference tensorizer 2.12.1", "ref", "tensorizer", "ref"),
+    ("ours, safetensors file", "ours", "tensorizer_safetensors", "safetensors"),
     ("safetensors load_file", "peer", "safetensors", "safetensors"),
     ("torch.load", "peer", "torch", "torch"),
     ("torch.load mmap=True", "peer", "torch_mmap", "torch"),

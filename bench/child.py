@@ -41,6 +41,13 @@ def load_tensorizer_mmap(path):
     return d, list(d.values())
 
 
+def load_tensorizer_safetensors(path):
+    """Ours reading a safetensors file (tensorizer.safetensors.load_file, defaults)."""
+    from tensorizer.safetensors import load_file
+
+    return None, list(load_file(path).values())
+
+
 def load_safetensors(path):
     from safetensors.torch import load_file
 
@@ -125,6 +132,7 @@ def load_redis_get(url):
 LOADERS = {
     "tensorizer": load_tensorizer,
     "tensorizer_mmap": load_tensorizer_mmap,
+    "tensorizer_safetensors": load_tensorizer_safetensors,
     "safetensors": load_safetensors,
     "torch": load_torch,
     "torch_mmap": load_torch_mmap,
@@ -183,6 +191,7 @@ def versions(task):
     mod = {
         "tensorizer": "tensorizer",
         "tensorizer_mmap": "tensorizer",
+        "tensorizer_safetensors": "tensorizer",
         "safetensors": "safetensors",
         "runai": "runai_model_streamer",
     }.get(task)

@@ -25,6 +25,7 @@ ROWS = [
     ("ours (defaults)", "ours", "tensorizer", "ours"),
     ("ours, reference-written file", "ours", "tensorizer", "ref"),
     ("reference tensorizer 2.12.1", "ref", "tensorizer", "ref"),
+    ("ours, safetensors file", "ours", "tensorizer_safetensors", "safetensors"),
     ("safetensors load_file", "peer", "safetensors", "safetensors"),
     ("torch.load", "peer", "torch", "torch"),
     ("torch.load mmap=True", "peer", "torch_mmap", "torch"),

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -36,6 +37,35 @@ struct SafetensorsHeader {
 
 // Parses and validates the JSON header (`json`, N bytes) of a file of `file_size` bytes.
 SafetensorsHeader parse_safetensors_header(const uint8_t* json, size_t size, uint64_t file_size);
+
+// ---- Writing ---------------------------------------------------------------------------------
+
+struct SafetensorsTensor {
+  std::string name;   // UTF-8
+  std::string dtype;  // .tensors dtype string (dtype_string_for_torch), as in IndexEntry
+  std::vector<uint64_t> shape;
+};
+
+// Where everything of a file goes, laid out exactly as the safetensors library writes it: tensors
+// ordered by dtype (widest first, in its dtype order) then by name, back to back from offset 0 of
+// the buffer; the header's JSON compact, "__metadata__" first (in the given order) when given,
+// padded with spaces to a multiple of 8 bytes.
+struct SafetensorsLayout {
+  std::string prefix;                 // the 8-byte length and the padded JSON header
+  std::vector<uint64_t> data_offset;  // absolute file offset of each input tensor's bytes
+  std::vector<uint64_t> data_length;  // and their number
+  uint64_t file_size = 0;
+};
+
+// Lays out `tensors` (kInvalidArgument for a duplicate or empty name, kUnsupported for a dtype
+// safetensors cannot store, kInvalidArgument for a size that overflows).
+SafetensorsLayout plan_safetensors(
+    const std::vector<SafetensorsTensor>& tensors,
+    const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata);
+
+// The safetensors dtype name for a .tensors dtype string ("<f4" -> "F32"); kUnsupported when
+// safetensors has none (complex128, opaque types other than bfloat16 and float8).
+std::string safetensors_dtype_for(std::string_view dtype);
 
 // The .tensors dtype string for a safetensors dtype ("F32" -> "<f4", "BF16" -> opaque bfloat16);
 // kUnsupported for one the engine cannot hold (F4, F6_*), kFormat for an unknown name.

@@ -3,6 +3,7 @@
 // turns into a Sink (a path/URI: temporary file + rename, uploads; a descriptor; a file object).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <sys/uio.h>
@@ -16,6 +17,7 @@
 #include "bindings.h"
 #include "interruptible.h"
 #include "tensorizer/error.h"
+#include "tensorizer/safetensors_writer.h"
 #include "tensorizer/writer.h"
 
 namespace tzpy {
@@ -125,8 +127,36 @@ nb::tuple snapshot(const std::vector<const tensorizer::WriteRequest*>& requests,
   return nb::make_tuple(out, owner);
 }
 
+// One safetensors object written to `target` (path, URI, descriptor or file object) and
+// committed; returns its size. The tensors' bytes stay the caller's until this returns.
+uint64_t write_safetensors(
+    nb::handle target, const tensorizer::TransportOptions& transport,
+    const std::vector<std::string>& names, const std::vector<std::string>& dtypes,
+    const std::vector<std::vector<uint64_t>>& shapes, const std::vector<uintptr_t>& addresses,
+    const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata,
+    int num_workers) {
+  if (dtypes.size() != names.size() || shapes.size() != names.size() ||
+      addresses.size() != names.size())
+    throw nb::value_error(
+        "write_safetensors: names, dtypes, shapes and addresses differ in length");
+  std::vector<tensorizer::SafetensorsTensor> tensors;
+  std::vector<const void*> data;
+  for (size_t i = 0; i < names.size(); ++i) {
+    tensors.push_back({names[i], dtypes[i], shapes[i]});
+    data.push_back(reinterpret_cast<const void*>(addresses[i]));
+  }
+  std::unique_ptr<tensorizer::Sink> sink = sink_from_python(target, transport);
+  return interruptible(
+      [&] { return tensorizer::write_safetensors(*sink, tensors, data, metadata, num_workers); });
+}
+
 void register_writer(nb::module_& m) {
   using tensorizer::WriteRequest;
+  m.def("write_safetensors", &write_safetensors, nb::arg("target"), nb::arg("transport"),
+        nb::arg("names"), nb::arg("dtypes"), nb::arg("shapes"), nb::arg("addresses"),
+        nb::arg("metadata").none(), nb::arg("num_workers") = 0,
+        "Writes one safetensors object (bytes as the safetensors library lays them out) and "
+        "publishes it; on failure the target keeps what it had.");
   m.def("snapshot", &snapshot, nb::arg("requests"), nb::arg("workers") = 0,
         "Copies of `requests` whose data is a snapshot in engine memory, and its owner (keep it "
         "until the write returns).");

@@ -1,9 +1,11 @@
 """safetensors files through the engine, with the entry points of ``safetensors.torch``.
 
-``load_file``, ``load`` and ``safe_open`` behave as safetensors' own do, but read through the
-tensorizer engine: local files take the mapped / direct-I/O / copy routes, and paths may be
-URIs (``http(s)://``, ``s3://``, ``redis://``). ``TensorDeserializer`` opens safetensors files
-too (same Mapping view, ``load_into_module``).
+``load_file``, ``load``, ``safe_open``, ``save_file`` and ``save`` behave as safetensors' own do,
+but read and write through the tensorizer engine: local files take the mapped / direct-I/O / copy
+routes, paths may be URIs (``http(s)://``, ``s3://``; ``redis://`` for reads), and files are
+written byte for byte as safetensors writes them (its tensor order and header padding;
+``metadata`` in the dict's order, which safetensors leaves to chance past one key).
+``TensorDeserializer`` opens safetensors files too (same Mapping view, ``load_into_module``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 
+from . import _dtypes, stream_io
+from ._C import write_safetensors as _write_safetensors
 from ._deserializer import TensorDeserializer
 from ._tensor_path import TensorPath
 
-__all__ = ["load_file", "load", "safe_open"]
+__all__ = ["load_file", "load", "safe_open", "save_file", "save"]
 
 PathOrUri = Union[str, bytes, os.PathLike]
 
@@ -135,3 +139,74 @@ class safe_open:  # noqa: N801 (the name safetensors gives it)
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _write_inputs(tensors: Dict[str, torch.Tensor]):
+    """(names, dtype strings, shapes, addresses, kept tensors), checked as safetensors checks."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    names, dtypes, shapes, addresses, kept = [], [], [], [], []
+    storages: Dict[int, str] = {}
+    for name, tensor in tensors.items():
+        if not isinstance(name, str):
+            raise ValueError(f"tensor names must be str, got {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(tensor)}")
+        if tensor.layout != torch.strided:
+            raise ValueError(f"You are trying to save a sparse tensor: `{name}` which this library does not support.")
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you"
+                " are trying to save tensors which are reference of each other in which case it's recommended to save"
+                " only the full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to"
+                " pack it before saving."
+            )
+        if tensor.numel() > 0 and not tensor.is_meta:
+            ptr = tensor.untyped_storage().data_ptr()
+            if ptr in storages:
+                raise RuntimeError(
+                    f"Some tensors share memory, this will lead to duplicate memory on disk and potential differences"
+                    f" when loading them again: [{storages[ptr]!r}, {name!r}]."
+                )
+            storages[ptr] = name
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        names.append(name)
+        dtypes.append(_dtypes.dtype_string(t.dtype))
+        shapes.append(list(t.shape))
+        addresses.append(t.data_ptr() if t.numel() else 0)
+        kept.append(t)
+    return names, dtypes, shapes, addresses, kept
+
+
+def _metadata_pairs(metadata: Optional[Dict[str, str]]):
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError("metadata must be a dict of str to str")
+    return list(metadata.items())
+
+
+def save_file(
+    tensors: Dict[str, torch.Tensor], filename: Union[PathOrUri, Any], metadata: Optional[Dict[str, str]] = None
+) -> None:
+    """Writes ``tensors`` as a safetensors file: a path, a URI (``s3://``) or a binary file object.
+    A local file appears whole or not at all (the engine's crash-safe writes)."""
+    names, dtypes, shapes, addresses, kept = _write_inputs(tensors)
+    pairs = _metadata_pairs(metadata)
+    target = os.fsdecode(filename) if isinstance(filename, (bytes, os.PathLike)) else filename
+    options = stream_io._transport_options(connect_timeout=None, stall_timeout=None)
+    _write_safetensors(target, options, names, dtypes, shapes, addresses, pairs)
+    del kept  # the bytes had to live until the write returned
+
+
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors``."""
+    import io
+
+    buffer = io.BytesIO()
+    save_file(tensors, buffer, metadata)
+    return buffer.getvalue()

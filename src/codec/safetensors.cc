@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
@@ -42,6 +44,16 @@ constexpr SafetensorsDType kDTypes[] = {
     {"F6_E2M3", nullptr},
     {"F6_E3M2", nullptr},
 };
+
+// Each kDTypes row's place in the safetensors library's dtype order, by which it sorts tensors
+// when writing (it writes the last in that order first).
+constexpr int kSortRank[] = {
+    /*BOOL*/ 0,    /*U8*/ 4,      /*I8*/ 5,      /*I16*/ 9,     /*U16*/ 10,    /*I32*/ 13,
+    /*U32*/ 14,    /*I64*/ 18,    /*U64*/ 19,    /*F16*/ 11,    /*BF16*/ 12,   /*F32*/ 15,
+    /*F64*/ 17,    /*C64*/ 16,    /*F8_E4M3*/ 7, /*F8_E5M2*/ 6, /*F8_E8M0*/ 8, /*F4*/ 1,
+    /*F6_E2M3*/ 2, /*F6_E3M2*/ 3,
+};
+static_assert(std::size(kSortRank) == std::size(kDTypes));
 
 uint64_t read_u64_le(const uint8_t* p) {
   uint64_t v = 0;
@@ -184,6 +196,85 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, uin
   out.entries.reserve(placed.size());
   for (Placed& p : placed) out.entries.push_back(std::move(p.entry));
   std::sort(out.metadata.begin(), out.metadata.end());
+  return out;
+}
+
+std::string safetensors_dtype_for(std::string_view dtype) {
+  const std::string torch = parse_dtype(dtype).torch_name();
+  for (const SafetensorsDType& d : kDTypes)
+    if (d.torch && torch == std::string("torch.") + d.torch) return d.name;
+  fail(ErrorCode::kUnsupported, "dtype " + (torch.empty() ? shown_bytes(dtype) : torch) +
+                                    " cannot be stored in a safetensors file");
+}
+
+SafetensorsLayout plan_safetensors(
+    const std::vector<SafetensorsTensor>& tensors,
+    const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata) {
+  struct Item {
+    size_t input;
+    int rank;  // position of its dtype in kDTypes (the safetensors library's dtype order)
+    std::string st_dtype;
+    uint64_t bytes;
+  };
+  std::vector<Item> items;
+  items.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const SafetensorsTensor& t = tensors[i];
+    if (t.name.empty()) fail(ErrorCode::kInvalidArgument, "a tensor has an empty name");
+    Item item{i, 0, safetensors_dtype_for(t.dtype), parse_dtype(t.dtype).itemsize};
+    while (kDTypes[item.rank].name != item.st_dtype) ++item.rank;
+    for (uint64_t d : t.shape)
+      if (__builtin_mul_overflow(item.bytes, d, &item.bytes))
+        fail(ErrorCode::kInvalidArgument,
+             "tensor '" + shown_bytes(t.name) + "': its size overflows 64 bits");
+    items.push_back(std::move(item));
+  }
+  // As safetensors orders them: by dtype, widest (last in its order) first, then by name.
+  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return a.rank != b.rank ? kSortRank[a.rank] > kSortRank[b.rank]
+                            : tensors[a.input].name < tensors[b.input].name;
+  });
+  std::unordered_set<std::string_view> names = {"__metadata__"};
+  for (const SafetensorsTensor& t : tensors)
+    if (!names.insert(t.name).second)
+      fail(ErrorCode::kInvalidArgument,
+           "the name '" + shown_bytes(t.name) + "' appears twice (or is reserved)");
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (metadata) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : *metadata) m[k] = v;
+    header["__metadata__"] = std::move(m);
+  }
+  SafetensorsLayout out;
+  out.data_offset.resize(tensors.size());
+  out.data_length.resize(tensors.size());
+  uint64_t at = 0;
+  for (const Item& item : items) {
+    const SafetensorsTensor& t = tensors[item.input];
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = item.st_dtype;
+    entry["shape"] = t.shape;
+    entry["data_offsets"] = {at, at + item.bytes};
+    header[t.name] = std::move(entry);
+    out.data_offset[item.input] = at;
+    out.data_length[item.input] = item.bytes;
+    at += item.bytes;
+  }
+  std::string json;
+  try {
+    json = header.dump();
+  } catch (const nlohmann::json::exception& err) {
+    fail(ErrorCode::kInvalidArgument,
+         std::string("a name or metadata string is not UTF-8 (") + err.what() + ")");
+  }
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string len(kSafetensorsLengthSize, '\0');
+  for (size_t i = 0; i < kSafetensorsLengthSize; ++i)
+    len[i] = static_cast<char>(static_cast<uint64_t>(json.size()) >> (8 * i));
+  out.prefix = len + json;
+  for (uint64_t& off : out.data_offset) off += out.prefix.size();
+  out.file_size = out.prefix.size() + at;
   return out;
 }
 

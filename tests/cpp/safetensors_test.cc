@@ -1,6 +1,7 @@
 // safetensors files: the codec's validation (every malformed header is a kFormat error naming
-// what was wrong), and Reader loads through every host route, the staged pipeline and a remote-
-// like memory source giving the stored bytes exactly.
+// what was wrong), Reader loads through every host route, the staged pipeline and a remote-like
+// memory source giving the stored bytes exactly, and writes laid out as the safetensors library
+// lays them out, published whole or not at all.
 #include "tensorizer/safetensors.h"
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include "tensorizer/dtype.h"
 #include "tensorizer/host_load.h"
 #include "tensorizer/mapped_load.h"
+#include "tensorizer/safetensors_writer.h"
 #include "tensorizer/staged_load.h"
 #include "test_util.h"
 
@@ -261,6 +263,92 @@ TEST(SafetensorsOpen, MetadataFormatAndErrors) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("past the data buffer"), std::string::npos) << e.what();
   }
+}
+
+TEST(SafetensorsWrite, LaysOutAsTheLibraryDoesAndRoundTrips) {
+  const std::vector<SafetensorsTensor> tensors = {{"b", "<f4", {2}},
+                                                  {"a", "<f4", {1}},
+                                                  {"x", dtype_string_for_torch("bfloat16"), {3}},
+                                                  {"i", "<i8", {1}},
+                                                  {"m", "|b1", {2}}};
+  const SafetensorsLayout layout =
+      plan_safetensors(tensors, std::vector<std::pair<std::string, std::string>>{{"format", "pt"}});
+  // Widest dtype first (I64, then F32 by name, BF16, BOOL), back to back.
+  const std::string expected_json =
+      R"({"__metadata__":{"format":"pt"},"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
+      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]},)"
+      R"("x":{"dtype":"BF16","shape":[3],"data_offsets":[20,26]},)"
+      R"("m":{"dtype":"BOOL","shape":[2],"data_offsets":[26,28]}})";
+  std::string padded = expected_json;
+  padded.append((8 - padded.size() % 8) % 8, ' ');
+  EXPECT_EQ(layout.prefix, u64le(padded.size()) + padded);
+  const uint64_t start = layout.prefix.size();
+  EXPECT_EQ(layout.data_offset,
+            (std::vector<uint64_t>{start + 12, start + 8, start + 20, start, start + 26}));
+  EXPECT_EQ(layout.file_size, start + 28);
+
+  test::TempDir dir;
+  const std::string path = dir.path("w.safetensors");
+  const std::vector<std::string> bytes = {"BBBBbbbb", "AAAA", "xxXXxx", "iiiiIIII", "\1\1"};
+  std::vector<const void*> data;
+  for (const auto& b : bytes) data.push_back(b.data());
+  auto sink = open_sink(path);
+  EXPECT_EQ(write_safetensors(*sink, tensors, data), start - 32 + 28);  // no metadata: 32 fewer
+  auto reader = Reader::open(path);
+  ASSERT_EQ(reader->entries().size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto entry = reader->find(tensors[i].name);
+    ASSERT_TRUE(entry.has_value());
+    std::string got(bytes[i].size(), '\0');
+    reader->load({{*entry, got.data()}});
+    EXPECT_EQ(got, bytes[i]) << tensors[i].name;
+  }
+}
+
+TEST(SafetensorsWrite, RefusesBadInputAndLeavesTheDestinationAsItWas) {
+  EXPECT_EQ(test::error_code_of([] {
+              plan_safetensors({{"a", "<f4", {1}}, {"a", "<i4", {1}}}, {});
+            }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::error_code_of([] {
+              plan_safetensors({{"__metadata__", "<f4", {1}}}, {});
+            }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::error_code_of([] {
+              plan_safetensors({{"c", "<c16", {1}}}, {});
+            }),
+            ErrorCode::kUnsupported);
+  EXPECT_EQ(test::error_code_of([] {
+              plan_safetensors({{"h", "<f8", {1ull << 62, 4}}}, {});
+            }),
+            ErrorCode::kInvalidArgument);
+  test::TempDir dir;
+  const std::string path = dir.path("keep.safetensors");
+  test::write_file(path, "old");
+  auto sink = open_sink(path);
+  const float one = 1;
+  EXPECT_EQ(test::error_code_of([&] {
+              write_safetensors(*sink, {{"c", "<c16", {1}}}, {&one});
+            }),
+            ErrorCode::kUnsupported);
+  EXPECT_EQ(test::read_file(path), "old");
+
+  // A sink of named parts (as Redis stores .tensors files) is refused and aborted.
+  struct PartsSink : Sink {
+    bool aborted = false;
+    std::string name = "parts://x";
+    void write_gather(uint64_t, const IoSlice*, size_t) override { ADD_FAILURE() << "wrote"; }
+    void commit() override { ADD_FAILURE() << "committed"; }
+    void abort() override { aborted = true; }
+    const std::string& uri() const override { return name; }
+    bool wants_parts() const override { return true; }
+  } parts;
+  EXPECT_EQ(test::error_code_of([&] {
+              write_safetensors(parts, {{"a", "<f4", {1}}}, {&one});
+            }),
+            ErrorCode::kUnsupported);
+  EXPECT_TRUE(parts.aborted);
 }
 
 }  // namespace

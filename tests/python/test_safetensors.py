@@ -194,3 +194,51 @@ def test_an_unsupported_dtype_is_named(tmp_path):
     with pytest.raises(Exception, match="F4") as err:
         ts.load_file(path)
     assert path in str(err.value)
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"format": "pt"}])
+def test_save_writes_the_bytes_the_safetensors_library_writes(metadata, tmp_path):
+    sd = sample_state_dict()
+    sd['odd "name"\n\u00e9'] = torch.arange(6.0)
+    assert ts.save(sd, metadata=metadata) == safetensors.torch.save(sd, metadata=metadata)
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    ts.save_file(sd, ours, metadata=metadata)
+    safetensors.torch.save_file(sd, str(theirs), metadata=metadata)
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert ts.save({}) == safetensors.torch.save({})
+
+
+def test_save_refuses_what_safetensors_refuses_and_keeps_the_old_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ts.save_file({"a": torch.ones(2)}, path)
+    before = path.read_bytes()
+    base = torch.arange(12.0).view(3, 4)
+    with pytest.raises(ValueError, match="non contiguous"):
+        ts.save_file({"t": base.t()}, path)
+    with pytest.raises(RuntimeError, match="share memory"):
+        ts.save_file({"a": base, "b": base.view(-1)}, path)
+    with pytest.raises(ValueError, match="expected torch.Tensor"):
+        ts.save_file({"a": [1, 2]}, path)
+    with pytest.raises(ValueError, match="metadata"):
+        ts.save_file({"a": torch.ones(1)}, path, metadata={"k": 1})
+    with pytest.raises(Exception, match="complex128"):
+        ts.save_file({"a": torch.ones(1, dtype=torch.complex128)}, path)
+    assert path.read_bytes() == before
+    assert not [p for p in os.listdir(tmp_path) if p != "m.safetensors"]
+
+
+def test_save_to_s3_and_a_file_object_round_trips(tmp_path):
+    sd = sample_state_dict()
+    _, bucket = server_env("TZ_TEST_S3_ENDPOINT", "TZ_TEST_S3_BUCKET")
+    uri = f"s3://{bucket}/saved-{uuid.uuid4().hex}.safetensors"
+    with stream_io.open_stream(uri, "wb", **s3_open_kwargs()) as f:
+        ts.save_file(sd, f, metadata={"format": "pt"})
+    with stream_io.open_stream(uri, **s3_open_kwargs()) as f:
+        data = f.read()
+    assert data == safetensors.torch.save(sd, metadata={"format": "pt"})
+    with open(tmp_path / "obj.safetensors", "wb") as f:
+        ts.save_file(sd, f)
+    assert (tmp_path / "obj.safetensors").read_bytes() == safetensors.torch.save(sd)
