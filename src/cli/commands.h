@@ -3,6 +3,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "tensorizer/reader.h"
@@ -30,6 +32,13 @@ void register_bench(CLI::App& app);
 // `encrypt` / `decrypt` (crypt.cc).
 void register_crypt(CLI::App& app, CommonOptions& common);
 void register_cp(CLI::App& app);
+void register_convert(CLI::App& app, CommonOptions& common);
+
+// "1.2 GB": bytes in decimal units.
+std::string human_bytes(double bytes);
+// A progress(done, total) callback printing "done / total (N%) rate/s" on stderr: redrawn every
+// 250 ms on a terminal, every 5 s otherwise, always once at the end; nothing when `quiet`.
+std::function<void(uint64_t, uint64_t)> progress_printer(bool quiet);
 
 void set_exit_code(int code);
 int exit_code();

@@ -1,4 +1,8 @@
 // Options shared by the CLI subcommands (keys, workers) and the exit-code state.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -45,6 +49,33 @@ ReaderOptions reader_options(const CommonOptions& common) {
     options.decryption = DecryptionParams::from_passphrase(p);
   }
   return options;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) bytes /= 1000, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
+
+std::function<void(uint64_t, uint64_t)> progress_printer(bool quiet) {
+  if (quiet) return [](uint64_t, uint64_t) {};
+  const bool tty = ::isatty(2);
+  const auto start = std::chrono::steady_clock::now();
+  auto last = tty ? start - std::chrono::seconds(10) : start;
+  return [tty, start, last](uint64_t done, uint64_t total) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    const bool final = done == total;
+    if (!final && now - last < std::chrono::milliseconds(tty ? 250 : 5000)) return;
+    last = now;
+    const double secs = std::chrono::duration<double>(now - start).count();
+    std::fprintf(stderr, "%s%s / %s (%3.0f%%) %s/s%s", tty ? "\r" : "", human_bytes(done).c_str(),
+                 human_bytes(total).c_str(), total ? 100.0 * done / total : 100.0,
+                 human_bytes(secs > 0 ? done / secs : 0).c_str(), tty && !final ? "   " : "\n");
+    std::fflush(stderr);
+  };
 }
 
 }  // namespace tensorizer::cli

@@ -2,9 +2,6 @@
 // (source only), s3://bucket/key and redis://host:port/prefix, streaming with bounded memory
 // (copy_object) and a progress line on stderr. The copy is checked to be a readable .tensors
 // object first (its header and index), so a wrong URL fails before anything is written.
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -13,15 +10,6 @@
 
 namespace tensorizer::cli {
 namespace {
-
-std::string human(double bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  int u = 0;
-  while (bytes >= 1000 && u < 4) bytes /= 1000, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-  return buf;
-}
 
 struct CpOptions {
   std::string src, dst;
@@ -38,24 +26,11 @@ void run_cp(const CpOptions& o) {
     ro.without_key = true;
     Reader::open(o.src, ro);
   }
-  const bool tty = ::isatty(2);
-  const auto start = std::chrono::steady_clock::now();
-  auto last = tty ? start - std::chrono::seconds(10) : start;
-  auto progress = [&](uint64_t done, uint64_t total) {
-    if (o.quiet) return;
-    const auto now = std::chrono::steady_clock::now();
-    const bool final = done == total;
-    if (!final && now - last < std::chrono::milliseconds(tty ? 250 : 5000)) return;
-    last = now;
-    const double secs = std::chrono::duration<double>(now - start).count();
-    std::fprintf(stderr, "%s%s / %s (%3.0f%%) %s/s%s", tty ? "\r" : "", human(done).c_str(),
-                 human(total).c_str(), total ? 100.0 * done / total : 100.0,
-                 human(secs > 0 ? done / secs : 0).c_str(), tty && !final ? "   " : "\n");
-    std::fflush(stderr);
-  };
+  const auto progress = progress_printer(o.quiet);
   const uint64_t n = copy_object(o.src, o.dst, o.transport, o.workers, progress);
   if (!o.quiet)
-    std::fprintf(stderr, "copied %s to %s (%s)\n", o.src.c_str(), o.dst.c_str(), human(n).c_str());
+    std::fprintf(stderr, "copied %s to %s (%s)\n", o.src.c_str(), o.dst.c_str(),
+                 human_bytes(n).c_str());
 }
 
 }  // namespace

@@ -1,9 +1,8 @@
 // `tensorizer encrypt IN OUT` and `tensorizer decrypt IN OUT`: add or remove the encryption of an
 // existing .tensors object on any transport (open_source / open_sink), streaming with bounded
-// memory: small tensors in batches (loaded, checked and written on all cores), large ones piece by
-// piece (Reader::read_streamed into Writer::write_streamed). Every input tensor's stored hashes
-// are checked on the way, so a corrupt input never becomes a freshly hashed output; on any error
-// the output is discarded.
+// memory through convert_to_tensors (tensorizer/convert.h): every input tensor's stored hashes are
+// checked on the way, so a corrupt input never becomes a freshly hashed output; on any error the
+// output is discarded.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -11,14 +10,12 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "tensorizer/convert.h"
 #include "tensorizer/error.h"
 #include "tensorizer/writer.h"
 
 namespace tensorizer::cli {
 namespace {
-
-constexpr uint64_t kBatchBytes = 64ull << 20;   // memory for a batch of small tensors
-constexpr uint64_t kStreamAbove = 16ull << 20;  // tensors larger than this are streamed
 
 struct CryptOptions {
   std::string in, out;
@@ -57,74 +54,11 @@ EncryptionParams encryption_params(const CommonOptions& common, const CryptOptio
 
 // Copies every tensor of `in` into a new object at `out`, re-encoded by `wo`.
 void copy_tensors(Reader& in, const std::string& out, WriterOptions wo, int workers, bool quiet) {
-  const auto& entries = in.entries();
-  uint64_t index_bytes = 0;
-  for (const auto& e : entries) index_bytes += index_entry_size(e, true);
-  wo.index_reserve = std::max<uint64_t>(kReferenceIndexSize, index_bytes);
   wo.num_workers = workers;
-  auto writer = Writer::open(out, wo);
-  LoadOptions lo;
-  lo.num_workers = workers;
-  lo.verify_hash = true;
-
-  auto request = [&](size_t i, const LoadedTensorInfo& info) {
-    const IndexEntry& e = entries[i];
-    WriteRequest r;
-    r.path = e.path;
-    r.type = e.type;
-    r.module_idx = info.module_idx;
-    r.dtype = e.dtype;
-    r.shape = e.shape;
-    r.meta = e.is_meta();
-    return r;
-  };
-
-  std::vector<size_t> batch;
-  uint64_t batch_bytes = 0;
-  auto flush = [&] {
-    if (batch.empty()) return;
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(batch_bytes, 1)]);
-    std::vector<TensorDestination> dests;
-    std::vector<const void*> data(batch.size(), nullptr);
-    uint64_t off = 0;
-    for (size_t k = 0; k < batch.size(); ++k) {
-      if (entries[batch[k]].is_meta()) continue;  // no bytes: only its header is needed
-      dests.push_back({batch[k], buf.get() + off});
-      data[k] = buf.get() + off;
-      off += entries[batch[k]].data_length;
-    }
-    in.load(dests, lo);
-    std::vector<WriteRequest> reqs;
-    for (size_t k = 0; k < batch.size(); ++k) {
-      const LoadedTensorInfo* info = in.loaded_info(batch[k]);
-      reqs.push_back(request(batch[k], info ? *info : in.read_header(batch[k])));
-      reqs.back().data = data[k];
-    }
-    writer->write(reqs);
-    batch.clear();
-    batch_bytes = 0;
-  };
-
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const IndexEntry& e = entries[i];
-    if (e.data_length <= kStreamAbove) {
-      if (batch_bytes + e.data_length > kBatchBytes) flush();
-      batch.push_back(i);
-      batch_bytes += e.data_length;
-      continue;
-    }
-    flush();
-    const LoadedTensorInfo& info = in.read_header(i);
-    writer->write_streamed(request(i, info), [&](const Writer::Emit& emit) {
-      in.read_streamed(
-          i, [&](uint64_t, const uint8_t* data, size_t n) { emit(data, n); }, lo);
-    });
-  }
-  flush();
-  writer->close();
+  const FileHeader h = convert_to_tensors(in, out, wo);
   if (!quiet)
-    std::fprintf(stderr, "wrote %s: %zu tensors, data version %u%s\n", out.c_str(), entries.size(),
-                 writer->header().version, writer->header().has_crypt_info() ? ", encrypted" : "");
+    std::fprintf(stderr, "wrote %s: %zu tensors, data version %u%s\n", out.c_str(),
+                 in.entries().size(), h.version, h.has_crypt_info() ? ", encrypted" : "");
 }
 
 void run_encrypt(const CommonOptions& common, const CryptOptions& o) {

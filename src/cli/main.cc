@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   tensorizer::cli::register_bench(app);
   tensorizer::cli::register_crypt(app, common);
   tensorizer::cli::register_cp(app);
+  tensorizer::cli::register_convert(app, common);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

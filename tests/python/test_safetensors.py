@@ -242,3 +242,31 @@ def test_save_to_s3_and_a_file_object_round_trips(tmp_path):
     with open(tmp_path / "obj.safetensors", "wb") as f:
         ts.save_file(sd, f)
     assert (tmp_path / "obj.safetensors").read_bytes() == safetensors.torch.save(sd)
+
+
+def test_the_cli_converts_both_ways(tmp_path):
+    import shutil
+    import subprocess
+
+    from tensorizer import TensorSerializer
+
+    cli = shutil.which("tensorizer")
+    sd = {k: v for k, v in sample_state_dict().items() if k != "scalar"}
+    nested = {"layers": [{"w": torch.arange(4.0)}, {"w": torch.arange(3.0)}], **sd}
+    src, st, back = tmp_path / "m.tensors", tmp_path / "m.safetensors", tmp_path / "back.tensors"
+    with TensorSerializer(str(src)) as s:
+        s.write_state_dict(nested)
+    run = subprocess.run([cli, "convert", str(src), str(st), "--quiet"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    theirs = safetensors.torch.load_file(str(st))
+    assert all(same(theirs[k], v) for k, v in sd.items())
+    assert torch.equal(theirs["layers.1.w"], torch.arange(3.0))
+    run = subprocess.run([cli, "convert", str(st), str(back)], capture_output=True, text=True)
+    assert run.returncode == 0 and "wrote" in run.stderr, run.stderr
+    with TensorDeserializer(str(back), device="cpu") as d:
+        assert torch.equal(d["layers"][1]["w"], torch.arange(3.0))  # the structure came back
+        assert all(same(d[k].data, v) for k, v in sd.items())
+    bad = subprocess.run(
+        [cli, "convert", str(src), str(tmp_path / "x"), "--to", "onnx"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--to 'onnx'" in bad.stderr
