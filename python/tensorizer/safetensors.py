@@ -20,7 +20,7 @@ from ._C import write_safetensors as _write_safetensors
 from ._deserializer import TensorDeserializer
 from ._tensor_path import TensorPath
 
-__all__ = ["load_file", "load", "safe_open", "save_file", "save"]
+__all__ = ["load_file", "load", "load_checkpoint", "safe_open", "save_file", "save"]
 
 PathOrUri = Union[str, bytes, os.PathLike]
 
@@ -65,6 +65,55 @@ def load_file(filename: PathOrUri, device: Union[str, int, torch.device] = "cpu"
     """Every tensor of a safetensors file (path or URI), by name, on ``device``."""
     with _open(filename, device, lazy=False) as d:
         return {name: _plain(d[name]) for name in d.keys()}
+
+
+def _index_location(checkpoint: str) -> Optional[str]:
+    """The index JSON of a sharded checkpoint: `checkpoint` itself, or the one in a local directory."""
+    if checkpoint.endswith(".index.json"):
+        return checkpoint
+    if os.path.isdir(checkpoint):
+        found = sorted(f for f in os.listdir(checkpoint) if f.endswith(".safetensors.index.json"))
+        if len(found) > 1:
+            raise ValueError(f"'{checkpoint}' holds several checkpoint indexes: {found}")
+        if found:
+            return os.path.join(checkpoint, found[0])
+    return None
+
+
+def load_checkpoint(checkpoint: PathOrUri, device: Union[str, int, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face style checkpoint, by name: a sharded one (its
+    ``*.safetensors.index.json``, a path or URI, or the local directory holding it; shards are
+    found beside the index), a directory with one ``*.safetensors`` file, or a single file."""
+    checkpoint = os.fsdecode(checkpoint)
+    index = _index_location(checkpoint)
+    if index is None:
+        if os.path.isdir(checkpoint):
+            files = sorted(f for f in os.listdir(checkpoint) if f.endswith(".safetensors"))
+            if len(files) != 1:
+                raise ValueError(f"'{checkpoint}' has no index and {len(files)} .safetensors files")
+            checkpoint = os.path.join(checkpoint, files[0])
+        return load_file(checkpoint, device)
+    import json
+
+    with stream_io.open_stream(index, "rb") as f:
+        try:
+            weight_map = json.loads(f.read())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"'{index}' is not a safetensors checkpoint index ({e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"'{index}': weight_map must map tensor names to shard file names")
+    base = index.rsplit("/", 1)[0] if "/" in index else "."
+    out: Dict[str, torch.Tensor] = {}
+    for shard in dict.fromkeys(weight_map.values()):  # each shard once, in the index's order
+        if "/" in shard or shard in ("", ".", ".."):
+            raise ValueError(f"'{index}': shard name {shard!r} is not a file beside the index")
+        tensors = load_file(f"{base}/{shard}", device)
+        wanted = {name for name, s in weight_map.items() if s == shard}
+        missing = wanted - tensors.keys()
+        if missing:
+            raise ValueError(f"'{index}': shard {shard!r} lacks {sorted(missing)[:5]}")
+        out.update((name, tensors[name]) for name in wanted)
+    return {name: out[name] for name in weight_map}
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:

@@ -270,3 +270,59 @@ def test_the_cli_converts_both_ways(tmp_path):
         [cli, "convert", str(src), str(tmp_path / "x"), "--to", "onnx"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--to 'onnx'" in bad.stderr
+
+
+def test_a_sharded_checkpoint_loads_from_its_directory_index_and_over_http(tmp_path):
+    import shutil
+
+    from huggingface_hub import save_torch_state_dict
+
+    g = torch.Generator().manual_seed(5)
+    sd = {f"layers.{i}.w": torch.randn(64, 64, generator=g) for i in range(6)}
+    sd["head.b"] = torch.randn(7, generator=g).to(torch.bfloat16)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_torch_state_dict(sd, str(ckpt), max_shard_size="40KB")
+    shards = sorted(p.name for p in ckpt.iterdir() if p.suffix == ".safetensors")
+    assert len(shards) > 2 and (ckpt / "model.safetensors.index.json").exists()
+    for where in (ckpt, ckpt / "model.safetensors.index.json"):
+        got = ts.load_checkpoint(where)
+        assert list(got) == list(json_weight_map(ckpt))
+        assert all(same(got[k], v) for k, v in sd.items())
+    url, root = server_env("TZ_TEST_HTTP_URL", "TZ_TEST_HTTP_ROOT")
+    name = f"ckpt-{uuid.uuid4().hex}"
+    shutil.copytree(ckpt, os.path.join(root, name))
+    got = ts.load_checkpoint(f"{url}/{name}/model.safetensors.index.json")
+    assert all(same(got[k], v) for k, v in sd.items())
+    (ckpt / shards[0]).unlink()
+    with pytest.raises(OSError):
+        ts.load_checkpoint(ckpt)
+
+
+def json_weight_map(ckpt):
+    import json
+
+    return json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def test_python_m_tensorizer_converts_a_torch_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    sd = {k: v for k, v in sample_state_dict().items() if k != "scalar"}
+    sd["tied"] = sd["model.embed.weight"]  # shares storage, as tied weights do
+    pt = tmp_path / "pytorch_model.bin"
+    torch.save(sd, pt)
+    for dst in ("m.safetensors", "m.tensors"):
+        run = subprocess.run(
+            [sys.executable, "-m", "tensorizer", "convert", str(pt), str(tmp_path / dst)],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stderr
+    got = safetensors.torch.load_file(str(tmp_path / "m.safetensors"))
+    assert all(same(got[k], v) for k, v in sd.items())
+    with TensorDeserializer(str(tmp_path / "m.tensors"), device="cpu") as d:
+        assert all(same(d[k].data, v) for k, v in sd.items())
+    run = subprocess.run([sys.executable, "-m", "tensorizer", "--version"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip()

@@ -1,0 +1,71 @@
+"""``python -m tensorizer ...``: the ``tensorizer`` command installed with this package, plus
+``convert`` from a ``torch.save`` checkpoint (``.pt``, ``.pth``, ``.bin``: a dict of tensors),
+which needs torch and so lives here rather than in the C++ command:
+
+    python -m tensorizer convert pytorch_model.bin model.safetensors
+    python -m tensorizer convert pytorch_model.bin model.tensors
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from typing import Dict, List
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def _state_dict(path: str) -> Dict[str, "torch.Tensor"]:  # noqa: F821
+    import torch
+
+    sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+        raise SystemExit(f"tensorizer: '{path}' does not hold a dict of tensors by name")
+    return sd
+
+
+def convert_torch(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tensorizer convert")
+    ap.add_argument("SRC")
+    ap.add_argument("DST")
+    ap.add_argument("--to", choices=("tensors", "safetensors"))
+    ap.add_argument("--quiet", "-q", action="store_true")
+    args = ap.parse_args(argv)
+    to = args.to or ("safetensors" if args.DST.endswith(".safetensors") else "tensors")
+    sd = _state_dict(args.SRC)
+    if to == "safetensors":
+        from .safetensors import save_file
+
+        seen = set()  # tied weights share storage, which safetensors files cannot: store copies
+        flat = {}
+        for name, t in sd.items():
+            ptr = t.untyped_storage().data_ptr() if t.numel() else None
+            flat[name] = t.contiguous().clone() if ptr in seen or not t.is_contiguous() else t
+            seen.add(ptr)
+        save_file(flat, args.DST)
+    else:
+        from .serialization import TensorSerializer
+
+        serializer = TensorSerializer(args.DST)
+        serializer.write_state_dict(sd)
+        serializer.close()
+    if not args.quiet:
+        print(f"wrote {args.DST}: {len(sd)} tensors, {to}", file=sys.stderr)
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "convert" and argv[1].endswith(TORCH_SUFFIXES):
+        return convert_torch(argv[1:])
+    here = os.path.join(os.path.dirname(sys.executable), "tensorizer")
+    command = here if os.path.exists(here) else shutil.which("tensorizer")
+    if command is None:
+        raise SystemExit("tensorizer: the tensorizer command is not installed beside this Python")
+    return subprocess.call([command, *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
