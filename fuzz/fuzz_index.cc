@@ -1,7 +1,8 @@
 // libFuzzer target for the .tensors header/index parser (run with `make fuzz`).
 //
-// The input is treated as a whole .tensors file and goes through the same paths Reader::open
-// uses (file header, index, path rules), then every tensor's own header is read and checked
+// The input is treated as a whole file, .tensors or safetensors (Reader::open tells them apart),
+// and goes through the same paths Reader::open uses (file header, index, path rules, or the
+// safetensors JSON header and its validation), then every tensor's own header is read and checked
 // against its index entry, and small files are loaded the way a default Python load does
 // (load_to_host) with hash verification; encrypted ones with a passphrase under a tiny Argon2id
 // cap, so the crypt info and key derivation checks run too. The input is also parsed directly as

@@ -5,10 +5,12 @@ Each fixture written by the reference tensorizer reserves a 256 KiB index, far o
 input size limit, so each seed is a *compacted* copy: the same tensor records (headers and data
 byte for byte, so their hashes still hold) behind an index sized exactly to its entries, keeping
 only the first tensors that fit in ~3.5 KiB. Plus: the first 512 bytes of one fixture (a cut
-file) and a hand-built data-version-5 file with a long (>= 2^32) dimension (spec Appendix B).
+file), a hand-built data-version-5 file with a long (>= 2^32) dimension (spec Appendix B) and a
+small safetensors file with metadata and several dtypes (docs/format.md §5).
 Usage: python3 fuzz/make_corpus.py [FIXTURES_DIR]
 """
 import hashlib
+import json
 import os
 import struct
 import sys
@@ -96,6 +98,18 @@ def long_dims_file():
     return head + b"".join(index_parts) + b"".join(records) + bytes(8)
 
 
+def safetensors_file():
+    """A safetensors file as the safetensors library writes one (widest dtype first)."""
+    tensors = [("w", "F32", [2, 2], bytes(range(16))), ("b", "BF16", [3], b"abcdef"), ("m", "BOOL", [2], b"\1\0")]
+    header, data = {"__metadata__": {"format": "pt"}}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     for name in sorted(os.listdir(FIXTURES)):
@@ -109,6 +123,8 @@ def main():
         f.write(buf[:512])
     with open(os.path.join(OUT, "long_dims.v5"), "wb") as f:
         f.write(long_dims_file())
+    with open(os.path.join(OUT, "small.safetensors"), "wb") as f:
+        f.write(safetensors_file())
 
 
 if __name__ == "__main__":
