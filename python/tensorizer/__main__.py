@@ -1,9 +1,10 @@
 """``python -m tensorizer ...``: the ``tensorizer`` command installed with this package, plus
-``convert`` from a ``torch.save`` checkpoint (``.pt``, ``.pth``, ``.bin``: a dict of tensors),
-which needs torch and so lives here rather than in the C++ command:
+``convert`` from a ``torch.save`` checkpoint (``.pt``, ``.pth``, ``.bin``: a dict of tensors) or a
+sharded Hugging Face checkpoint (its directory or ``*.safetensors.index.json``), which need torch
+and so live here rather than in the C++ command:
 
     python -m tensorizer convert pytorch_model.bin model.safetensors
-    python -m tensorizer convert pytorch_model.bin model.tensors
+    python -m tensorizer convert checkpoint-dir/ model.tensors
 """
 
 import argparse
@@ -16,8 +17,18 @@ from typing import Dict, List
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 
+def _is_checkpoint(path: str) -> bool:
+    """A sharded Hugging Face checkpoint: its index JSON, or a directory of safetensors files."""
+    return path.endswith(".index.json") or os.path.isdir(path)
+
+
 def _state_dict(path: str) -> Dict[str, "torch.Tensor"]:  # noqa: F821
     import torch
+
+    if _is_checkpoint(path):
+        from .safetensors import load_checkpoint
+
+        return load_checkpoint(path)
 
     sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
@@ -58,7 +69,7 @@ def convert_torch(argv: List[str]) -> int:
 
 
 def main(argv: List[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "convert" and argv[1].endswith(TORCH_SUFFIXES):
+    if len(argv) >= 3 and argv[0] == "convert" and (argv[1].endswith(TORCH_SUFFIXES) or _is_checkpoint(argv[1])):
         return convert_torch(argv[1:])
     here = os.path.join(os.path.dirname(sys.executable), "tensorizer")
     command = here if os.path.exists(here) else shutil.which("tensorizer")

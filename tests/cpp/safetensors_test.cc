@@ -237,6 +237,28 @@ TEST_P(SafetensorsLoad, StagedAndStreamedSourcesGiveTheStoredBytes) {
 INSTANTIATE_TEST_SUITE_P(HeaderPadding, SafetensorsLoad, ::testing::Values(8, 64, 1),
                          [](const auto& info) { return "pad" + std::to_string(info.param); });
 
+TEST(SafetensorsOpen, EveryTruncationAndFlippedLengthIsAnError) {
+  const std::string file = sample_file(8).file;
+  const uint64_t header_end =  // where the data begins
+      8 + safetensors_header_length(reinterpret_cast<const uint8_t*>(file.data()), 8, file.size());
+  // Every cut through the length and the header, then a sample of cuts through the data.
+  for (uint64_t cut = 0; cut < file.size(); cut += cut < header_end + 64 ? 1 : 4099) {
+    auto bytes = std::make_shared<const std::string>(file.substr(0, cut));
+    EXPECT_NE(test::error_code_of([&] {
+                auto r = Reader::open(make_memory_source(bytes, "cut"));
+                (void)r;
+              }),
+              ErrorCode::kCancelled)
+        << "cut at " << cut;
+  }
+  // Absurd header lengths: larger than the file, and the largest u64.
+  for (uint64_t n : {uint64_t{file.size()}, ~uint64_t{0}}) {
+    auto bytes = std::make_shared<const std::string>(u64le(n) + file.substr(8));
+    EXPECT_EQ(test::error_code_of([&] { Reader::open(make_memory_source(bytes, "len")); }),
+              ErrorCode::kFormat);
+  }
+}
+
 TEST(SafetensorsOpen, MetadataFormatAndErrors) {
   test::TempDir dir;
   const std::string path = dir.path("m.safetensors");

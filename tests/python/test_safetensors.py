@@ -326,3 +326,29 @@ def test_python_m_tensorizer_converts_a_torch_checkpoint(tmp_path):
         assert all(same(d[k].data, v) for k, v in sd.items())
     run = subprocess.run([sys.executable, "-m", "tensorizer", "--version"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip()
+
+
+def test_a_sharded_gpt2_checkpoint_converts_to_a_model_with_identical_outputs(tmp_path):
+    import subprocess
+    import sys
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=300, n_positions=32)
+    model = GPT2LMHeadModel(config).eval()
+    ckpt = tmp_path / "gpt2"
+    model.save_pretrained(str(ckpt), max_shard_size="100KB", safe_serialization=True)
+    assert len([p for p in ckpt.iterdir() if p.suffix == ".safetensors"]) > 2
+    out = tmp_path / "gpt2.tensors"
+    run = subprocess.run(
+        [sys.executable, "-m", "tensorizer", "convert", str(ckpt), str(out)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    fresh = GPT2LMHeadModel(config).eval()
+    with TensorDeserializer(str(out), device="cpu", verify_hash=True) as d:
+        missing, unexpected = fresh.load_state_dict({k: v.data for k, v in d.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
+    ids = torch.arange(20).view(1, 20)
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, model(ids).logits)
