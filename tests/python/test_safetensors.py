@@ -80,6 +80,15 @@ def test_load_file_matches_the_safetensors_library(st_file, mmap, cold, monkeypa
         assert same(got[name], theirs[name]), name
 
 
+def test_the_staged_pipeline_and_lazy_verified_loads(st_file, monkeypatch):
+    path, sd = st_file
+    with TensorDeserializer(path, device="cpu", lazy_load=True, verify_hash=True) as d:
+        assert all(same(d[k].data, v) for k, v in sd.items())
+    monkeypatch.setenv("TENSORIZER_STAGED", "1")  # the pipeline CUDA loads take, into CPU memory
+    got = ts.load_file(path)
+    assert all(same(got[k], v) for k, v in sd.items())
+
+
 def test_the_default_route_maps_aligned_tensors_of_a_cached_file(st_file):
     path, _ = st_file
     with TensorDeserializer(path, device="cpu") as d:
