@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,5 +24,11 @@ uint64_t write_safetensors(
     Sink& sink, const std::vector<SafetensorsTensor>& tensors, const std::vector<const void*>& data,
     const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata = std::nullopt,
     int num_workers = 0);
+
+// What every safetensors write does around its tensors' bytes: refuses a sink of named parts,
+// writes the prefix of the layout `plan()` returns, runs `write_data(layout)` (which writes each
+// tensor at layout.data_offset), commits; aborts the sink on any error. Returns the size.
+uint64_t publish_safetensors(Sink& sink, const std::function<SafetensorsLayout()>& plan,
+                             const std::function<void(const SafetensorsLayout&)>& write_data);
 
 }  // namespace tensorizer

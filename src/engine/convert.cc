@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "tensorizer/error.h"
-#include "tensorizer/safetensors.h"
+#include "tensorizer/safetensors_writer.h"
 
 namespace tensorizer {
 namespace {
@@ -167,12 +167,8 @@ FileHeader convert_to_tensors(Reader& in, const std::string& out, WriterOptions 
 
 uint64_t convert_to_safetensors(Reader& in, Sink& sink, int num_workers,
                                 const ConvertProgress& progress) {
-  try {
-    if (sink.wants_parts())
-      fail(ErrorCode::kUnsupported,
-           "'" + sink.uri() + "' stores .tensors files as named parts; safetensors files " +
-               "go to byte stores (files, S3, file objects)");
-    const auto& entries = in.entries();
+  const auto& entries = in.entries();
+  const auto plan = [&] {
     std::vector<SafetensorsTensor> tensors;
     nlohmann::json names = nlohmann::json::object(), types = nlohmann::json::object();
     std::unordered_map<std::string, size_t> seen;
@@ -194,11 +190,9 @@ uint64_t convert_to_safetensors(Reader& in, Sink& sink, int num_workers,
     if (!names.empty()) metadata.emplace_back(kNamesKey, names.dump());
     if (!types.empty()) metadata.emplace_back(kTypesKey, types.dump());
     const bool has_metadata = !metadata.empty() || in.format() == FileFormat::kSafetensors;
-    const SafetensorsLayout layout =
-        plan_safetensors(tensors, has_metadata ? std::optional(metadata) : std::nullopt);
-
-    sink.reserve(layout.file_size);
-    sink.write_at(0, layout.prefix.data(), layout.prefix.size());
+    return plan_safetensors(tensors, has_metadata ? std::optional(metadata) : std::nullopt);
+  };
+  return publish_safetensors(sink, plan, [&](const SafetensorsLayout& layout) {
     const uint64_t total = total_bytes(in);
     uint64_t done = 0;
     auto write_zeros = [&](uint64_t at, uint64_t n) {  // a meta tensor's bytes
@@ -226,12 +220,7 @@ uint64_t convert_to_safetensors(Reader& in, Sink& sink, int num_workers,
             if (progress) progress(done, total);
           });
         });
-    sink.commit();
-    return layout.file_size;
-  } catch (...) {
-    sink.abort();
-    throw;
-  }
+  });
 }
 
 }  // namespace tensorizer
