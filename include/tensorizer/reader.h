@@ -94,6 +94,13 @@ class Reader {
   using PieceConsumer = std::function<void(uint64_t offset, const uint8_t* data, size_t size)>;
   void read_streamed(size_t entry, const PieceConsumer& consume, const LoadOptions& options = {},
                      uint64_t piece_bytes = 16ull << 20);
+  // Reads `size` bytes of tensor `entry` starting `offset` bytes into its loaded form (a slice of
+  // whole rows, say) into `dest`: only those bytes are read, in pieces on options.num_workers
+  // workers; in an encrypted file the whole chunks around them are read and decrypted; a meta
+  // tensor reads zeros. Stored hashes cover whole tensors, so options.verify_hash is refused
+  // (kInvalidArgument): load the tensor to check it.
+  void read_range(size_t entry, uint64_t offset, uint64_t size, void* dest,
+                  const LoadOptions& options = {});
   // Loads every tensor into scratch memory (bounded) and checks every stored hash; returns one
   // message per mismatch (empty when all match).
   std::vector<std::string> verify_all(int num_workers = 0);

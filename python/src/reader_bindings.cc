@@ -93,6 +93,20 @@ class PyReader {
                      [](Reader& r, const auto& dests, const auto& opt) { r.load(dests, opt); });
   }
 
+  // Reads `size` bytes of entry `index` from `offset` into `address` (Reader::read_range).
+  void read_range(size_t index, uint64_t offset, uint64_t size, uintptr_t address,
+                  int num_workers) {
+    tensorizer::LoadOptions opt;
+    opt.num_workers = num_workers;
+    Reader& r = get();
+    interruptible(
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          r.read_range(index, offset, size, reinterpret_cast<void*>(address), opt);
+        },
+        deadline_);
+  }
+
   // Loads entries[i] into addresses[i] through the staging ring (tensorizer/staged_load.h): device
   // memory of CUDA device `device`, or, with device -1, any host memory via the host backend.
   // `cudart` names the CUDA runtime library to use when not empty. Returns what load() returns.
@@ -310,6 +324,9 @@ void register_reader(nb::module_& m) {
       .def("load_staged", &PyReader::load_staged, nb::arg("indices"), nb::arg("addresses"),
            nb::arg("device"), nb::arg("num_workers") = 0, nb::arg("verify_hash") = false,
            nb::arg("ring_bytes") = 0, nb::arg("cudart") = "")
+      .def("read_range", &PyReader::read_range, nb::arg("index"), nb::arg("offset"),
+           nb::arg("size"), nb::arg("address"), nb::arg("num_workers") = 0,
+           "Reads only bytes [offset, offset + size) of one tensor (no hash check).")
       .def("load_host", &PyReader::load_host, nb::arg("indices"), nb::arg("num_workers") = 0,
            nb::arg("verify_hash") = false, nb::arg("route") = "auto")
       .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))

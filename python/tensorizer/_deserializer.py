@@ -30,6 +30,7 @@ import torch
 
 from . import _C
 from . import _dtypes
+from . import _slices
 from . import _tensor_path
 from . import stream_io
 from . import utils
@@ -415,6 +416,30 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     def keys(self):
         return self._structure.keys()
+
+    def get_slice(self, name) -> "_slices.TensorSlice":
+        """A lazy view of one tensor (an extension of the reference API): ``get_shape()``,
+        ``get_dtype()``, and indexing; a range of whole rows (``[a:b]``, ``[i]``, ``[a:b, ...]``)
+        reads only those rows' bytes (not hash-checked: with ``verify_hash=True`` the whole tensor
+        is loaded and checked first)."""
+        path = name if isinstance(name, TensorPath) else TensorPath((name,))
+        if path not in self._records:
+            raise KeyError(f"Tensor {name} not found")
+        return _slices.TensorSlice(self, path)
+
+    def _can_read_ranges(self) -> bool:
+        return not self._verify_hash and self._reader is not None and not self._reader.closed
+
+    def _read_range(self, index: int, offset: int, size: int, address: int) -> None:
+        with self._lock:
+            self._reader.read_range(index, offset, size, address, self._num_readers)
+
+    def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` (CPU, as stored) on this deserializer's device and dtype."""
+        target = self._cast_target(tensor.dtype)
+        if self._device.type != "cpu" or target is not None:
+            tensor = tensor.to(device=self._device, dtype=target)
+        return tensor
 
     def _load_prefixed(
         self,

@@ -18,6 +18,7 @@ import torch
 from . import _dtypes, stream_io
 from ._C import write_safetensors as _write_safetensors
 from ._deserializer import TensorDeserializer
+from ._slices import TensorSlice
 from ._tensor_path import TensorPath
 
 __all__ = ["load_file", "load", "load_checkpoint", "safe_open", "save_file", "save"]
@@ -131,22 +132,12 @@ def load_file_object(file_obj: Any, device: Union[str, int, torch.device] = "cpu
         return {name: _plain(d[name]) for name in d.keys()}
 
 
-class _Slice:
-    """What ``safe_open.get_slice`` returns: shape and dtype without loading, then ``[...]``."""
-
-    def __init__(self, owner: "safe_open", name: str):
-        self._owner, self._name = owner, name
-        self._entry = owner._deserializer._metadata[TensorPath((name,))]
-
-    def get_shape(self) -> List[int]:
-        return list(self._entry.shape)
+class _Slice(TensorSlice):
+    """What ``safe_open.get_slice`` returns: a TensorSlice whose dtype reads as safetensors names it."""
 
     def get_dtype(self) -> str:
         """The safetensors dtype name ("F32", "BF16", ...)."""
-        return _SAFETENSORS_DTYPES[self._owner._deserializer._records[TensorPath((self._name,))].dtype.torch]
-
-    def __getitem__(self, index) -> torch.Tensor:
-        return self._owner.get_tensor(self._name)[index]
+        return _SAFETENSORS_DTYPES[self._record.dtype.torch]
 
 
 class safe_open:  # noqa: N801 (the name safetensors gives it)
@@ -178,7 +169,7 @@ class safe_open:  # noqa: N801 (the name safetensors gives it)
     def get_slice(self, name: str) -> _Slice:
         if name not in self._deserializer:
             raise KeyError(f"tensor {name!r} is not in the file")
-        return _Slice(self, name)
+        return _Slice(self._deserializer, TensorPath((name,)))
 
     def close(self) -> None:
         self._deserializer.close()

@@ -555,6 +555,59 @@ void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const Loa
   }
 }
 
+void Reader::read_range(size_t entry, uint64_t offset, uint64_t size, void* dest,
+                        const LoadOptions& options) {
+  if (entry >= impl_->entries.size())
+    fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
+  const IndexEntry& e = impl_->entries[entry];
+  if (options.verify_hash)
+    fail(ErrorCode::kInvalidArgument,
+         "stored hashes cover whole tensors: load tensor '" + shown_name(e) + "' to verify it");
+  if (offset > e.expected_bytes() || size > e.expected_bytes() - offset)
+    fail(ErrorCode::kInvalidArgument, "bytes [" + std::to_string(offset) + ", " +
+                                          std::to_string(offset + size) + ") are not in tensor '" +
+                                          shown_name(e) + "' (" +
+                                          std::to_string(e.expected_bytes()) + " bytes)");
+  auto* out = static_cast<uint8_t*>(dest);
+  if (size == 0) return;
+  if (e.is_meta()) return void(std::memset(out, 0, size));
+  try {
+    if (encrypted()) {
+      read_header(entry);
+      const LoadedTensorInfo& info = *loaded_info(entry);
+      auto dec = crypto::TensorDecryptor::create(
+          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
+          e.data_length, *impl_->decryption, impl_->key_cache);
+      const uint64_t chunk = dec && dec->chunk_size() > 0 ? dec->chunk_size() : e.data_length;
+      const uint64_t first = offset / chunk * chunk,
+                     last = std::min(e.data_length, (offset + size + chunk - 1) / chunk * chunk);
+      std::string scratch(last - first, '\0');
+      auto* bytes = reinterpret_cast<uint8_t*>(scratch.data());
+      impl_->source->read_at(e.data_offset + first, bytes, scratch.size());
+      decrypt_in_place(entry, first, bytes, scratch.size());
+      std::memcpy(out, bytes + (offset - first), size);
+      return;
+    }
+    constexpr uint64_t kPiece = 8ull << 20;
+    const size_t pieces = static_cast<size_t>((size + kPiece - 1) / kPiece);
+    const int workers = std::max(
+        1, std::min<int>(default_workers(options.num_workers, impl_->source->preferred_readers()),
+                         static_cast<int>(pieces)));
+    std::vector<std::unique_ptr<Source>> handles;
+    for (int i = 1; i < workers; ++i) handles.push_back(impl_->source->clone());
+    parallel_for_workers(pieces, workers, [&](size_t k, int w) {
+      check_cancelled();
+      Source& src = w == 0 ? *impl_->source : *handles[static_cast<size_t>(w) - 1];
+      const uint64_t at = k * kPiece, n = std::min(kPiece, size - at);
+      src.read_at(e.data_offset + offset + at, out + at, n);
+    });
+  } catch (const Error& err) {
+    rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "' (bytes " +
+                                  std::to_string(offset) + " to " + std::to_string(offset + size) +
+                                  ")");
+  }
+}
+
 std::vector<std::string> Reader::verify_all(int num_workers) {
   std::vector<std::string> mismatches;
   LoadOptions opt;
