@@ -21,7 +21,7 @@ from ._deserializer import TensorDeserializer
 from ._slices import TensorSlice
 from ._tensor_path import TensorPath
 
-__all__ = ["load_file", "load", "load_checkpoint", "safe_open", "save_file", "save"]
+__all__ = ["load_file", "load", "load_checkpoint", "safe_open", "save_file", "save", "save_checkpoint"]
 
 PathOrUri = Union[str, bytes, os.PathLike]
 
@@ -250,3 +250,79 @@ def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = 
     buffer = io.BytesIO()
     save_file(tensors, buffer, metadata)
     return buffer.getvalue()
+
+
+_SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def _shard_size(size: Union[int, str]) -> int:
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if isinstance(size, str) and size.strip()[-2:].upper() in _SIZE_UNITS:
+        try:
+            return int(float(size.strip()[:-2]) * _SIZE_UNITS[size.strip()[-2:].upper()])
+        except ValueError:
+            pass
+    raise ValueError(f"max_shard_size: expected bytes or a size like '5GB', got {size!r}")
+
+
+def save_checkpoint(
+    tensors: Dict[str, torch.Tensor],
+    directory: PathOrUri,
+    max_shard_size: Union[int, str] = "5GB",
+    metadata: Optional[Dict[str, str]] = None,
+) -> List[str]:
+    """Writes ``tensors`` as a Hugging Face style checkpoint in ``directory`` (a local directory or a
+    URI prefix such as ``s3://bucket/model``): ``model.safetensors``, or, past ``max_shard_size``,
+    ``model-0000k-of-0000n.safetensors`` shards and ``model.safetensors.index.json``, with the same
+    sharding, names and bytes as ``huggingface_hub.save_torch_state_dict`` (state dict order, a shard
+    closed when the next tensor would overflow it, a larger tensor alone in its shard). Returns the
+    names written. Earlier checkpoint files of that pattern in a local directory are removed."""
+    import json
+    import re
+
+    limit = _shard_size(max_shard_size)
+    names, dtypes, shapes, addresses, kept = _write_inputs(tensors)  # checks everything first
+    del names, dtypes, shapes, addresses, kept
+    shards: List[List[str]] = []
+    current: List[str] = []
+    current_size = total = 0
+    for name, tensor in tensors.items():
+        size = tensor.untyped_storage().nbytes()
+        total += size
+        if size > limit:
+            shards.append([name])
+            continue
+        if current_size + size > limit:
+            shards.append(current)
+            current, current_size = [], 0
+        current.append(name)
+        current_size += size
+    if current or not shards:
+        shards.append(current)
+    directory = os.fsdecode(directory)
+    local = "://" not in directory
+    if local:
+        os.makedirs(directory, exist_ok=True)
+        stale = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?")
+        for existing in os.listdir(directory):
+            if stale.fullmatch(existing):
+                os.remove(os.path.join(directory, existing))
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    )
+    per_file = {"format": "pt", **(metadata or {})} if len(shards) == 1 else {"format": "pt"}
+    for file, shard in zip(files, shards):
+        save_file({name: tensors[name] for name in shard}, f"{directory}/{file}", metadata=per_file)
+    if len(shards) == 1:
+        return files
+    index = {
+        "metadata": {"total_size": total, **(metadata or {})},
+        "weight_map": {name: file for file, shard in zip(files, shards) for name in shard},
+    }
+    index_name = "model.safetensors.index.json"
+    with stream_io.open_stream(f"{directory}/{index_name}", "wb") as f:
+        f.write(json.dumps(index, indent=2).encode())
+    return [*files, index_name]
