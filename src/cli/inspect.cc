@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/json_writer.h"
 #include "tensorizer/dtype.h"
+#include "tensorizer/error.h"
 #include "tensorizer/hash.h"
 
 namespace tensorizer::cli {
@@ -41,23 +42,32 @@ void run_inspect(const std::string& uri, bool json, const CommonOptions& common)
   auto reader = Reader::open(uri, options);
   const FileHeader& h = reader->header();
   const uint64_t file_size = reader->source().size();
+  const bool safetensors = reader->format() == FileFormat::kSafetensors;
   if (json) {
     std::printf(
-        "{\"uri\":%s,\"file_size\":%llu,\"version\":%u,\"flags\":%llu,\"encrypted\":%s,"
-        "\"tensor_size\":%llu,\"tensor_count\":%llu,\"index_size\":%llu,\"tensors\":[",
-        json_string(uri).c_str(), (unsigned long long)file_size, h.version,
-        (unsigned long long)h.flags, h.has_crypt_info() ? "true" : "false",
-        (unsigned long long)h.tensor_size, (unsigned long long)h.tensor_count,
-        (unsigned long long)h.index_size);
+        "{\"uri\":%s,\"format\":\"%s\",\"file_size\":%llu,\"version\":%u,\"flags\":%llu,"
+        "\"encrypted\":%s,\"tensor_size\":%llu,\"tensor_count\":%llu,\"index_size\":%llu,"
+        "\"tensors\":[",
+        json_string(uri).c_str(), safetensors ? "safetensors" : "tensorizer",
+        (unsigned long long)file_size, h.version, (unsigned long long)h.flags,
+        h.has_crypt_info() ? "true" : "false", (unsigned long long)h.tensor_size,
+        (unsigned long long)h.tensor_count, (unsigned long long)h.index_size);
+  } else if (safetensors) {
+    std::printf("%s: safetensors, %llu tensors, %llu data bytes, header %llu bytes\n", uri.c_str(),
+                (unsigned long long)h.tensor_count, (unsigned long long)h.tensor_size,
+                (unsigned long long)h.index_size);
+    for (const auto& [key, value] : reader->metadata())
+      std::printf("  metadata %s = %s\n", shown_bytes(key).c_str(), shown_bytes(value).c_str());
   } else {
     std::printf(
         "%s: data version %u, flags %llu%s, %llu tensors, %llu data bytes, index %llu bytes\n",
         uri.c_str(), h.version, (unsigned long long)h.flags,
         h.has_crypt_info() ? " (encrypted)" : "", (unsigned long long)h.tensor_count,
         (unsigned long long)h.tensor_size, (unsigned long long)h.index_size);
+  }
+  if (!json)
     std::printf("%-40s %-10s %4s %-16s %-18s %12s %12s %12s\n", "name", "type", "mod", "dtype",
                 "shape", "bytes", "header@", "data@");
-  }
   const auto& entries = reader->entries();
   for (size_t i = 0; i < entries.size(); ++i) {
     const IndexEntry& e = entries[i];

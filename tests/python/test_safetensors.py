@@ -270,6 +270,10 @@ def test_the_cli_converts_both_ways(tmp_path):
     theirs = safetensors.torch.load_file(str(st))
     assert all(same(theirs[k], v) for k, v in sd.items())
     assert torch.equal(theirs["layers.1.w"], torch.arange(3.0))
+    shown = subprocess.run([cli, "inspect", str(st)], capture_output=True, text=True).stdout
+    assert f"{st}: safetensors, {len(sd) + 2} tensors" in shown and "metadata tensorizer.names = " in shown
+    checked = subprocess.run([cli, "verify", str(st)], capture_output=True, text=True)
+    assert checked.returncode == 0 and "safetensors files store no hashes" in checked.stdout
     run = subprocess.run([cli, "convert", str(st), str(back)], capture_output=True, text=True)
     assert run.returncode == 0 and "wrote" in run.stderr, run.stderr
     with TensorDeserializer(str(back), device="cpu") as d:
