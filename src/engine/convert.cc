@@ -98,7 +98,9 @@ RecordedNames recorded_names(const Reader& in) {
       fail(ErrorCode::kFormat, "'" + in.uri() + "': metadata " + key + " is not a JSON object");
     for (const auto& [name, v] : j.items()) {
       if (key == kNamesKey && v.is_array()) {
-        out.paths.emplace(name, decode_path("\x1e" + v.dump()));
+        std::string encoded(1, '\x1e');  // the structured-name marker (docs/format.md §2.1)
+        encoded += v.dump();
+        out.paths.emplace(name, decode_path(encoded));
       } else if (key == kTypesKey && v.is_number_unsigned() && v.get<uint64_t>() <= 2) {
         out.types.emplace(name, static_cast<TensorType>(v.get<uint64_t>()));
       } else {

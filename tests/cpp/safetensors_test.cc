@@ -167,9 +167,11 @@ Sample sample_file(size_t header_pad) {
     const size_t itemsize = parse_dtype(dtype_string_for_safetensors(dtype)).itemsize;
     std::string bytes(count * itemsize, '\0');
     for (auto& c : bytes) c = static_cast<char>(rng());
-    header += (i ? "," : "") + std::string("\"t") + std::to_string(i) + "\":{\"dtype\":\"" + dtype +
-              "\",\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[" +
-              std::to_string(data.size()) + "," + std::to_string(data.size() + bytes.size()) + "]}";
+    if (i) header += ',';
+    header += "\"t" + std::to_string(i) + "\":{\"dtype\":\"";
+    header += dtype;
+    header += "\",\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[";
+    header += std::to_string(data.size()) + "," + std::to_string(data.size() + bytes.size()) + "]}";
     data += bytes;
     s.tensors.push_back(std::move(bytes));
   }
