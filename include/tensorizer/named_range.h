@@ -11,8 +11,14 @@
 
 namespace tensorizer {
 
+// The first part of a safetensors file (its length and JSON header). A store of separate values
+// ends a .tensors object with an implied 8-byte end marker, but not an object whose first part
+// has this name.
+inline constexpr char kSafetensorsPart[] = "safetensors";
+
 struct NamedRange {
-  std::string name;  // "header" for the prelude and index, else the tensor's on-disk name
+  std::string name;  // "header" for the prelude and index (kSafetensorsPart for a safetensors
+                     // file's), else the tensor's on-disk name
   uint64_t offset = 0;
   uint64_t size = 0;
 };

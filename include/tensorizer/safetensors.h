@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tensorizer/format.h"
+#include "tensorizer/named_range.h"
 
 namespace tensorizer {
 
@@ -55,6 +56,7 @@ struct SafetensorsLayout {
   std::vector<uint64_t> data_offset;  // absolute file offset of each input tensor's bytes
   std::vector<uint64_t> data_length;  // and their number
   uint64_t file_size = 0;
+  std::vector<NamedRange> parts;  // safetensors_parts() of this file
 };
 
 // Lays out `tensors` (kInvalidArgument for a duplicate or empty name, kUnsupported for a dtype
@@ -62,6 +64,12 @@ struct SafetensorsLayout {
 SafetensorsLayout plan_safetensors(
     const std::vector<SafetensorsTensor>& tensors,
     const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata);
+
+// The parts a store of separate values (Redis, docs/format.md §4) keeps a safetensors file in:
+// {kSafetensorsPart, 0, data_start} (the length and the header), then every tensor that stores
+// bytes, {name, offset, length}, in file order. The first part's name (kSafetensorsPart) tells a
+// reader that no .tensors end marker follows the object.
+std::vector<NamedRange> safetensors_parts(uint64_t data_start, std::vector<NamedRange> tensors);
 
 // The safetensors dtype name for a .tensors dtype string ("<f4" -> "F32"); kUnsupported when
 // safetensors has none (complex128, opaque types other than bfloat16 and float8).

@@ -2,7 +2,7 @@
 
 ``load_file``, ``load``, ``safe_open``, ``save_file`` and ``save`` behave as safetensors' own do,
 but read and write through the tensorizer engine: local files take the mapped / direct-I/O / copy
-routes, paths may be URIs (``http(s)://``, ``s3://``; ``redis://`` for reads), and files are
+routes, paths may be URIs (``http(s)://``, ``s3://``, ``redis://``), and files are
 written byte for byte as safetensors writes them (its tensor order and header padding;
 ``metadata`` in the dict's order, which safetensors leaves to chance past one key).
 ``TensorDeserializer`` opens safetensors files too (same Mapping view, ``load_into_module``).

@@ -63,8 +63,7 @@ void register_convert(CLI::App& app, CommonOptions& common) {
   auto* cmd = app.add_subcommand(
       "convert", "re-encode a .tensors or safetensors object as .tensors or safetensors");
   cmd->add_option("SRC", o->src, "path or URI to read (.tensors or safetensors)")->required();
-  cmd->add_option("DST", o->dst, "path or URI to write (file, s3://; redis:// for .tensors)")
-      ->required();
+  cmd->add_option("DST", o->dst, "path or URI to write (file, s3://, redis://)")->required();
   cmd->add_option("--to", o->to, "tensors or safetensors (default: from DST's name)");
   cmd->add_option("--encrypt-key-file", o->encrypt_key_file,
                   "encrypt the .tensors output with this 32-byte key");

@@ -199,6 +199,14 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, uin
   return out;
 }
 
+std::vector<NamedRange> safetensors_parts(uint64_t data_start, std::vector<NamedRange> tensors) {
+  std::erase_if(tensors, [](const NamedRange& t) { return t.size == 0; });
+  std::sort(tensors.begin(), tensors.end(),
+            [](const NamedRange& a, const NamedRange& b) { return a.offset < b.offset; });
+  tensors.insert(tensors.begin(), NamedRange{kSafetensorsPart, 0, data_start});
+  return tensors;
+}
+
 std::string safetensors_dtype_for(std::string_view dtype) {
   const std::string torch = parse_dtype(dtype).torch_name();
   for (const SafetensorsDType& d : kDTypes)
@@ -275,6 +283,10 @@ SafetensorsLayout plan_safetensors(
   out.prefix = len + json;
   for (uint64_t& off : out.data_offset) off += out.prefix.size();
   out.file_size = out.prefix.size() + at;
+  std::vector<NamedRange> ranges;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    ranges.push_back({tensors[i].name, out.data_offset[i], out.data_length[i]});
+  out.parts = safetensors_parts(out.prefix.size(), std::move(ranges));
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include "tensorizer/error.h"
 #include "tensorizer/format.h"
 #include "tensorizer/reader.h"
+#include "tensorizer/safetensors.h"
 #include "tensorizer/transport.h"
 
 namespace tensorizer {
@@ -57,7 +58,15 @@ uint64_t copy_object(const std::string& src, const std::string& dst,
       ReaderOptions inspect;
       inspect.without_key = true;  // the parts are in the clear index, encrypted or not
       std::unique_ptr<Reader> index = Reader::open(source->clone(), inspect);
-      sink->set_parts(object_parts(index->header(), index->entries()));
+      if (index->format() == FileFormat::kSafetensors) {
+        std::vector<NamedRange> tensors;
+        for (const IndexEntry& e : index->entries())
+          tensors.push_back({e.name, e.data_offset, e.data_length});
+        sink->set_parts(safetensors_parts(kSafetensorsLengthSize + index->header().index_size,
+                                          std::move(tensors)));
+      } else {
+        sink->set_parts(object_parts(index->header(), index->entries()));
+      }
     }
     sink->commit();
     if (progress) progress(size, size);

@@ -17,14 +17,11 @@ constexpr uint64_t kPieceBytes = 16ull << 20;  // one write of one worker
 uint64_t publish_safetensors(Sink& sink, const std::function<SafetensorsLayout()>& plan,
                              const std::function<void(const SafetensorsLayout&)>& write_data) {
   try {
-    if (sink.wants_parts())
-      fail(ErrorCode::kUnsupported,
-           "'" + sink.uri() + "' stores .tensors files as named parts; safetensors files " +
-               "go to byte stores (files, S3, file objects)");
     const SafetensorsLayout layout = plan();
     sink.reserve(layout.file_size);
     sink.write_at(0, layout.prefix.data(), layout.prefix.size());
     write_data(layout);
+    if (sink.wants_parts()) sink.set_parts(layout.parts);
     sink.commit();
     return layout.file_size;
   } catch (...) {

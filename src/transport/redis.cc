@@ -8,7 +8,8 @@
 // Read side: SCAN `<prefix>:*` (glob characters in the prefix escaped), STRLEN each key, sort by
 // the integer after the last ':'; each key is the file slice starting at that offset. size() is
 // the end of the last slice plus the 8-byte end-of-tensors marker, which is not stored and reads
-// as zeros, so the object is byte-identical to the file it came from. Reads pipeline GET (whole
+// as zeros, so the object is byte-identical to the file it came from (a safetensors object, whose
+// first key is `<prefix>:safetensors:0`, has no marker). Reads pipeline GET (whole
 // key) / GETRANGE (part of a key) over a connection used raw: hiredis connects, then our own RESP
 // reader lands each bulk reply's payload straight in the destination slices (no intermediate copy
 // of large values). A dropped connection or timeout reconnects and resumes at the first missing
@@ -39,6 +40,7 @@
 #include <unordered_set>
 
 #include "tensorizer/error.h"
+#include "tensorizer/named_range.h"
 #include "transport/curl_util.h"
 #include "transport/staging.h"
 
@@ -655,7 +657,11 @@ std::unique_ptr<Source> open_redis_source(const std::string& uri, const RetryOpt
       net::sleep_for_seconds(delay);
     }
   }
-  s->size = s->slices.back().offset + s->slices.back().length + kEndMarker;
+  // A safetensors object (first key `<prefix>:safetensors:0`, safetensors_parts in the codec)
+  // has no end marker; every other object is a .tensors file, whose marker is implied.
+  const std::string safetensors_first = s->addr.prefix + ":" + kSafetensorsPart + ":0";
+  const bool marker = s->slices.front().key != safetensors_first;
+  s->size = s->slices.back().offset + s->slices.back().length + (marker ? kEndMarker : 0);
   return std::make_unique<RedisSource>(std::move(s));
 }
 

@@ -332,7 +332,7 @@ TEST(SafetensorsWrite, LaysOutAsTheLibraryDoesAndRoundTrips) {
   }
 }
 
-TEST(SafetensorsWrite, RefusesBadInputAndLeavesTheDestinationAsItWas) {
+TEST(SafetensorsWrite, RefusesBadInputLeavesTheDestinationAndDescribesParts) {
   EXPECT_EQ(test::error_code_of([] {
               plan_safetensors({{"a", "<f4", {1}}, {"a", "<i4", {1}}}, {});
             }),
@@ -360,21 +360,30 @@ TEST(SafetensorsWrite, RefusesBadInputAndLeavesTheDestinationAsItWas) {
             ErrorCode::kUnsupported);
   EXPECT_EQ(test::read_file(path), "old");
 
-  // A sink of named parts (as Redis stores .tensors files) is refused and aborted.
+  // A sink of named parts (Redis) is told the file's parts before it commits.
   struct PartsSink : Sink {
-    bool aborted = false;
+    std::vector<NamedRange> parts;
+    bool committed = false;
     std::string name = "parts://x";
-    void write_gather(uint64_t, const IoSlice*, size_t) override { ADD_FAILURE() << "wrote"; }
-    void commit() override { ADD_FAILURE() << "committed"; }
-    void abort() override { aborted = true; }
+    void write_gather(uint64_t, const IoSlice*, size_t) override {}
+    void commit() override { committed = !parts.empty(); }
+    void abort() override { ADD_FAILURE() << "aborted"; }
     const std::string& uri() const override { return name; }
     bool wants_parts() const override { return true; }
+    void set_parts(std::vector<NamedRange> p) override { parts = std::move(p); }
   } parts;
-  EXPECT_EQ(test::error_code_of([&] {
-              write_safetensors(parts, {{"a", "<f4", {1}}}, {&one});
-            }),
-            ErrorCode::kUnsupported);
-  EXPECT_TRUE(parts.aborted);
+  const float two[2] = {1, 2};
+  write_safetensors(parts, {{"b", "<f4", {2}}, {"a", "<f4", {1}}, {"z", "<f4", {0}}},
+                    {two, &one, nullptr});
+  ASSERT_TRUE(parts.committed);
+  ASSERT_EQ(parts.parts.size(), 3u);  // the header, then a and b in file order; z stores nothing
+  EXPECT_EQ(parts.parts[0].name, kSafetensorsPart);
+  EXPECT_EQ(parts.parts[0].offset, 0u);
+  EXPECT_EQ(parts.parts[1].name, "a");
+  EXPECT_EQ(parts.parts[1].offset, parts.parts[0].size);
+  EXPECT_EQ(parts.parts[1].size, 4u);
+  EXPECT_EQ(parts.parts[2].name, "b");
+  EXPECT_EQ(parts.parts[2].offset, parts.parts[0].size + 4);
 }
 
 }  // namespace

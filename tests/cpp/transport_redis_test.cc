@@ -3,8 +3,10 @@
 // bit-exact with 1 and 4 workers, meta tensors' empty keys included; objects written by our sink
 // have exactly the reference keys and round-trip byte for byte; a rewrite replaces the old keys, an
 // aborted write changes nothing, prefixes with glob characters are taken literally, a missing
-// prefix is kNotFound.
+// prefix is kNotFound; a safetensors object (written, or copied from a file) is keyed by its parts
+// and reads back byte for byte, with no end marker.
 #include "remote_test_util.h"
+#include "tensorizer/safetensors_writer.h"
 
 namespace tensorizer {
 namespace {
@@ -26,6 +28,37 @@ TEST(TransportRedisTest, ReferenceLayoutFixturesLoadBitExact) {
     // The object reads back as the original file, end-of-tensors marker included.
     EXPECT_TRUE(test::read_all(uri, {}, 100000) == test::read_file(test::fixture_path(name)))
         << name;
+  }
+}
+
+TEST(TransportRedisTest, SafetensorsObjectsAreKeyedByPartsAndReadBackExactly) {
+  TZ_SERVER_ENV(url, "TZ_TEST_REDIS_URL");
+  RedisConn r(url);
+  test::TempDir dir;
+  const std::vector<SafetensorsTensor> tensors = {
+      {"w", "<f4", {3u << 20}}, {"b", "<f2", {3}}, {"e", "<f4", {0}}};
+  std::string w(12u << 20, '\0'), b = "abcdef";
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<char>(i * 13 + i / 999);
+  const std::vector<const void*> data = {w.data(), b.data(), nullptr};
+  const std::string file_path = dir.path("m.safetensors");
+  write_safetensors(*open_sink(file_path), tensors, data);
+  const std::string file = test::read_file(file_path);
+  const SafetensorsLayout layout = plan_safetensors(tensors, std::nullopt);
+
+  const std::string written = test::unique_name("st-written"), copied = test::unique_name("st-cp");
+  write_safetensors(*open_sink(url + "/" + written), tensors, data);
+  copy_object(file_path, url + "/" + copied);
+  for (const std::string& prefix : {written, copied}) {
+    SCOPED_TRACE(prefix);
+    EXPECT_TRUE(test::redis_get(r.c, prefix + ":safetensors:0") ==
+                file.substr(0, layout.prefix.size()));
+    EXPECT_TRUE(test::redis_get(r.c, prefix + ":w:" + std::to_string(layout.data_offset[0])) == w);
+    EXPECT_TRUE(test::read_all(url + "/" + prefix, {}, 1 << 20) == file);  // no end marker
+    auto reader = Reader::open(url + "/" + prefix);
+    ASSERT_EQ(reader->format(), FileFormat::kSafetensors);
+    std::string got(w.size(), '\0');
+    reader->load({{*reader->find("w"), got.data()}}, {.num_workers = 4});
+    EXPECT_TRUE(got == w);
   }
 }
 

@@ -400,3 +400,20 @@ def test_save_checkpoint_to_s3_loads_back(monkeypatch):
     assert len(written) == 5  # four shards and the index
     got = ts.load_checkpoint(f"{prefix}/model.safetensors.index.json")
     assert all(torch.equal(got[k], v) for k, v in sd.items())
+
+
+def test_redis_stores_and_serves_safetensors(st_file):
+    import shutil
+    import subprocess
+
+    path, sd = st_file
+    (url,) = server_env("TZ_TEST_REDIS_URL")
+    saved, copied = f"{url}/st-{uuid.uuid4().hex}", f"{url}/st-{uuid.uuid4().hex}"
+    ts.save_file(sd, saved, metadata={"format": "pt", "note": "ü"})
+    run = subprocess.run([shutil.which("tensorizer"), "cp", path, copied, "-q"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    for uri in (saved, copied):
+        got = ts.load_file(uri)
+        assert all(same(got[k], v) for k, v in sd.items()), uri
+        with ts.safe_open(uri, "pt") as f:
+            assert f.metadata() == {"format": "pt", "note": "ü"}
