@@ -1,10 +1,13 @@
 """``python -m tensorizer ...``: the ``tensorizer`` command installed with this package, plus
 ``convert`` from a ``torch.save`` checkpoint (``.pt``, ``.pth``, ``.bin``: a dict of tensors) or a
-sharded Hugging Face checkpoint (its directory or ``*.safetensors.index.json``), which need torch
-and so live here rather than in the C++ command:
+sharded Hugging Face checkpoint (its directory or ``*.safetensors.index.json``), and ``convert``
+of any source (those, ``.tensors``, ``.safetensors``) into a sharded checkpoint (a DST ending in
+``/``, or an existing directory; ``--shard-size``, default 5GB), which need torch and so live here
+rather than in the C++ command:
 
     python -m tensorizer convert pytorch_model.bin model.safetensors
     python -m tensorizer convert checkpoint-dir/ model.tensors
+    python -m tensorizer convert model.tensors checkpoint-dir/ --shard-size 2GB
 """
 
 import argparse
@@ -29,6 +32,11 @@ def _state_dict(path: str) -> Dict[str, "torch.Tensor"]:  # noqa: F821
         from .safetensors import load_checkpoint
 
         return load_checkpoint(path)
+    if not path.endswith(TORCH_SUFFIXES):  # a .tensors or safetensors file: names flattened
+        from .serialization import TensorDeserializer
+
+        with TensorDeserializer(path, device="cpu") as d:
+            return {".".join(map(str, p)): d._bulk_load([p], None)[p].data for p in d._records}
 
     sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
@@ -42,13 +50,20 @@ def convert_torch(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m tensorizer convert")
     ap.add_argument("SRC")
     ap.add_argument("DST")
-    ap.add_argument("--to", choices=("tensors", "safetensors"))
+    ap.add_argument("--to", choices=("tensors", "safetensors", "checkpoint"))
+    ap.add_argument("--shard-size", default="5GB", help="largest shard of a checkpoint (bytes or e.g. 2GB)")
     ap.add_argument("--quiet", "-q", action="store_true")
     args = ap.parse_args(argv)
-    to = args.to or ("safetensors" if args.DST.endswith(".safetensors") else "tensors")
+    to = args.to or (
+        "checkpoint"
+        if args.DST.endswith("/") or os.path.isdir(args.DST)
+        else "safetensors"
+        if args.DST.endswith(".safetensors")
+        else "tensors"
+    )
     sd = _state_dict(args.SRC)
-    if to == "safetensors":
-        from .safetensors import save_file
+    if to in ("safetensors", "checkpoint"):
+        from .safetensors import save_checkpoint, save_file
 
         seen = set()  # tied weights share storage, which safetensors files cannot: store copies
         flat = {}
@@ -56,7 +71,10 @@ def convert_torch(argv: List[str]) -> int:
             ptr = t.untyped_storage().data_ptr() if t.numel() else None
             flat[name] = t.contiguous().clone() if ptr in seen or not t.is_contiguous() else t
             seen.add(ptr)
-        save_file(flat, args.DST)
+        if to == "checkpoint":
+            save_checkpoint(flat, args.DST.rstrip("/") or "/", max_shard_size=args.shard_size)
+        else:
+            save_file(flat, args.DST)
     else:
         from .serialization import TensorSerializer
 
@@ -68,8 +86,14 @@ def convert_torch(argv: List[str]) -> int:
     return 0
 
 
+def _needs_python(args: List[str]) -> bool:
+    """Whether a convert reads or writes a sharded checkpoint (the C++ command does neither)."""
+    dst = args[1] if len(args) > 1 else ""
+    return _is_checkpoint(args[0]) or dst.endswith("/") or os.path.isdir(dst) or "checkpoint" in args
+
+
 def main(argv: List[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "convert" and (argv[1].endswith(TORCH_SUFFIXES) or _is_checkpoint(argv[1])):
+    if len(argv) >= 3 and argv[0] == "convert" and (argv[1].endswith(TORCH_SUFFIXES) or _needs_python(argv[1:])):
         return convert_torch(argv[1:])
     here = os.path.join(os.path.dirname(sys.executable), "tensorizer")
     command = here if os.path.exists(here) else shutil.which("tensorizer")

@@ -417,3 +417,31 @@ def test_redis_stores_and_serves_safetensors(st_file):
         assert all(same(got[k], v) for k, v in sd.items()), uri
         with ts.safe_open(uri, "pt") as f:
             assert f.metadata() == {"format": "pt", "note": "ü"}
+
+
+def test_python_m_tensorizer_converts_into_a_sharded_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from tensorizer import TensorSerializer
+
+    g = torch.Generator().manual_seed(8)
+    nested = {
+        "layers": [{"w": torch.randn(64, 64, generator=g)} for _ in range(4)],
+        "head": torch.randn(9, generator=g),
+    }
+    src = tmp_path / "m.tensors"
+    with TensorSerializer(str(src)) as s:
+        s.write_state_dict(nested)
+    dst = tmp_path / "ckpt"
+    run = subprocess.run(
+        [sys.executable, "-m", "tensorizer", "convert", str(src), f"{dst}/", "--shard-size", "40KB", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (dst / "model.safetensors.index.json").exists()
+    got = ts.load_checkpoint(dst)
+    assert sorted(got) == sorted([f"layers.{i}.w" for i in range(4)] + ["head"])
+    assert all(torch.equal(got[f"layers.{i}.w"], nested["layers"][i]["w"]) for i in range(4))
+    assert torch.equal(got["head"], nested["head"])
