@@ -62,8 +62,10 @@ def _open(source: Any, device: Union[str, int, torch.device], lazy: bool) -> Ten
     return deserializer
 
 
-def load_file(filename: PathOrUri, device: Union[str, int, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file (path or URI), by name, on ``device``."""
+def load_file(
+    filename: Union[PathOrUri, Any], device: Union[str, int, torch.device] = "cpu"
+) -> Dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (path, URI or binary file object), by name, on ``device``."""
     with _open(filename, device, lazy=False) as d:
         return {name: _plain(d[name]) for name in d.keys()}
 
@@ -123,13 +125,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
         raise TypeError(f"data: expected bytes, got {data.__class__.__name__}")
     import io
 
-    return load_file_object(io.BytesIO(bytes(data)))
-
-
-def load_file_object(file_obj: Any, device: Union[str, int, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file read from a binary file object."""
-    with _open(file_obj, device, lazy=False) as d:
-        return {name: _plain(d[name]) for name in d.keys()}
+    return load_file(io.BytesIO(bytes(data)))
 
 
 class _Slice(TensorSlice):
