@@ -186,7 +186,8 @@ def main():
     if os.path.exists(net_script) and not wanted and not args.no_net:
         import net
 
-        run["net"] = net.run(net_script, paths, args, python_for, expected)
+        res = net.run(net_script, paths, args, python_for, expected)
+        run["net_fresh"], run["net"] = res["fresh"], res["inprocess"]
     run["finished"] = time.time()
     run["machine"]["loadavg_end"] = report.loadavg()
     print(report.table(run))

@@ -33,6 +33,14 @@ def load_tensorizer(path):
     return d, list(d.values())
 
 
+def load_tensorizer_lazy(path):
+    """lazy_load=True: the index at open, each tensor read when first accessed (here: all, in order)."""
+    from tensorizer import TensorDeserializer
+
+    d = TensorDeserializer(path, device="cpu", lazy_load=True)
+    return d, list(d.values())
+
+
 def load_tensorizer_mmap(path):
     """Ours with mmap=True: large tensors mapped copy-on-write from the page cache (no copy)."""
     from tensorizer import TensorDeserializer
@@ -132,6 +140,7 @@ def load_redis_get(url):
 LOADERS = {
     "tensorizer": load_tensorizer,
     "tensorizer_mmap": load_tensorizer_mmap,
+    "tensorizer_lazy": load_tensorizer_lazy,
     "tensorizer_safetensors": load_tensorizer_safetensors,
     "safetensors": load_safetensors,
     "torch": load_torch,
@@ -191,6 +200,7 @@ def versions(task):
     mod = {
         "tensorizer": "tensorizer",
         "tensorizer_mmap": "tensorizer",
+        "tensorizer_lazy": "tensorizer",
         "tensorizer_safetensors": "tensorizer",
         "safetensors": "safetensors",
         "runai": "runai_model_streamer",

@@ -4,8 +4,11 @@ bench.py calls run() only when scripts/with-servers.sh exists; run() re-enters t
 script (nginx, moto S3 and redis-server on 127.0.0.1, described by TZ_TEST_* variables), where main()
 publishes the reference-written file on each server and times every loader in a fresh process
 (bench/child.py). The raw clients are curl into /dev/null (HTTP; S3 through a presigned URL, as the
-reference fetches) and redis-py GETs of every key. BENCH_NET_SIZE_GB caps the file served (moto keeps
+reference fetches) and redis-py GETs of every key. BENCH_NET_SIZE_GB (default 1) caps the file served (moto keeps
 objects in memory and serves them from Python), so this section uses its own smaller file if needed.
+S3 runs twice: on moto, and on nginx serving the bucket's key path-style (signatures ignored) as a real
+object store serves ranges, so that the S3 client itself is measured. The headline is a fresh process
+per load (--rounds, alternating the row order); repeats inside one process follow as a second table.
 """
 
 import argparse
@@ -18,9 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(script, paths, args, python_for, expected):
-    """Runs the section under the servers script; returns its rows (or one row saying why none).
-    expected: the checksums of the full-size test set (every tensorizer load must give the same)."""
-    net_gb = min(args.size_gb, float(os.environ.get("BENCH_NET_SIZE_GB", "0.5")))
+    """Runs the section under the servers script; returns {"fresh": rows, "inprocess": rows} (or one
+    fresh row saying why there are none). expected: the checksums of the full-size test set (every
+    tensorizer load must give the same)."""
+    net_gb = min(args.size_gb, float(os.environ.get("BENCH_NET_SIZE_GB", "1")))
     path = paths["ref"]
     if net_gb < args.size_gb:  # a smaller reference-written file, made untimed
         path = os.path.join(os.path.dirname(path), "net.tensors")
@@ -46,7 +50,7 @@ def run(script, paths, args, python_for, expected):
             text=True,
         )
         expected = set(json.loads(p.stdout.strip().splitlines()[-1])["checksums"])
-    print(f"  net   {net_gb} GB over loopback HTTP, S3 (moto), Redis ...", flush=True)
+    print(f"  net   {net_gb} GB over loopback HTTP, S3 (moto and nginx), Redis ...", flush=True)
     cmd = [
         "bash",
         script,
@@ -58,6 +62,8 @@ def run(script, paths, args, python_for, expected):
         str(args.reps),
         "--warmup",
         str(args.warmup),
+        "--rounds",
+        str(getattr(args, "rounds", 3)),
         "--ref-python",
         python_for("ref", args),
         "--expect",
@@ -69,7 +75,8 @@ def run(script, paths, args, python_for, expected):
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
         why = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
-        return [{"label": "network section", "system": "baseline", "error": f"exit {p.returncode}: {why}"}]
+        error = {"label": "network section", "system": "baseline", "error": f"exit {p.returncode}: {why}"}
+        return {"fresh": [error], "inprocess": []}
     return json.loads(lines[-1])
 
 
@@ -104,6 +111,19 @@ def publish(path):
     }
     out["S3"] = (f"s3://{bucket}/bench.tensors", s3_env, presigned)
 
+    if env.get("TZ_TEST_S3_FAST_ENDPOINT"):  # nginx serving the same key path-style at wire speed
+        os.makedirs(os.path.join(env["TZ_TEST_S3_FAST_ROOT"], bucket), exist_ok=True)
+        fast_link = os.path.join(env["TZ_TEST_S3_FAST_ROOT"], bucket, "bench.tensors")
+        if not os.path.exists(fast_link):
+            os.symlink(os.path.abspath(path), fast_link)
+        fast = env["TZ_TEST_S3_FAST_ENDPOINT"]
+        out["S3 (nginx)"] = (
+            f"s3://{bucket}/bench.tensors",
+            dict(s3_env, AWS_ENDPOINT_URL_S3=fast),
+            presigned.replace(env["TZ_TEST_S3_ENDPOINT"], fast, 1),
+        )
+    out["S3 (moto)"] = out.pop("S3")
+
     redis_url = env["TZ_TEST_REDIS_URL"] + "/bench"
     out["Redis"] = (redis_url, {}, redis_url)
     return out
@@ -120,61 +140,76 @@ def to_redis(ref_python, path, redis_url):
     subprocess.run([ref_python, "-c", code, path, redis_url], check=True)
 
 
+def rows_for(targets, args):
+    """(label, system, python, task, target, extra env) for every network row, grouped by transport."""
+    out = []
+    for transport, (url, extra_env, raw_url) in targets.items():
+        group = [
+            ("ours", args.ours_python, "tensorizer", url),
+            ("ours, lazy_load", args.ours_python, "tensorizer_lazy", url),
+            ("reference tensorizer 2.12.1", args.ref_python, "tensorizer", url),
+        ]
+        raw = ("curl", raw_url or url) if transport != "Redis" else ("redis_get", raw_url)
+        group.append((f"raw {raw[0]}", sys.executable, raw[0], raw[1]))
+        for name, python, task, target in group:
+            system = "ours" if name.startswith("ours") else "ref" if name.startswith("ref") else "baseline"
+            out.append((f"{transport}: {name}", system, python, task, target, extra_env))
+    return out
+
+
+def run_row(row, size, reps, warmup, want):
+    """One child process for a row; its result dict (with error/missing when it failed)."""
+    label, system, python, task, target, extra_env = row
+    if not python:
+        return {"label": label, "system": system, "missing": "not built"}
+    cmd = [python, os.path.join(HERE, "child.py"), "--mode", "load", "--task", task, "--file", target]
+    cmd += ["--reps", str(reps), "--warmup", str(warmup), "--bytes", str(size)]
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=dict(os.environ, **extra_env))
+    if p.returncode != 0 or not p.stdout.strip():
+        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
+        return {"label": label, "system": system, "error": f"exit {p.returncode}: {tail}"}
+    res = dict(json.loads(p.stdout.strip().splitlines()[-1]), label=label, system=system)
+    if task.startswith("tensorizer") and want and set(res["checksums"]) != want:
+        res["error"] = f"wrong data: checksum {res['checksums']} != {sorted(want)}"
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--file", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3, help="fresh-process rounds (the headline)")
     ap.add_argument("--ref-python", required=True)
     ap.add_argument("--ours-python", default="")
+    ap.add_argument("--only", default="", help="comma-separated substrings of the labels to run")
     ap.add_argument("--expect", default="", help="comma-separated checksums a tensorizer load must give")
     args = ap.parse_args()
     size = os.path.getsize(args.file)
+    want = {int(c) for c in args.expect.split(",") if c}
     targets = publish(args.file)
-    to_redis(args.ref_python, args.file, targets["Redis"][0])
-    rows = []
-    for transport, (url, extra_env, raw_url) in targets.items():
-        runs = [("ours", args.ours_python, "tensorizer", url, {}), ("ref", args.ref_python, "tensorizer", url, {})]
-        if transport == "S3":  # moto copies the whole object per ranged GET: also with few, large GETs
-            runs.insert(1, ("ours", args.ours_python, "tensorizer", url, {"TENSORIZER_READ_MIB": "1024"}))
-        raw = ("curl", raw_url or url) if transport != "Redis" else ("redis_get", raw_url)
-        runs.append(("baseline", sys.executable, raw[0], raw[1], {}))
-        for system, python, task, target, knobs in runs:
-            label = {"ours": "ours", "ref": "reference tensorizer 2.12.1"}.get(system, f"raw {task}")
-            label = f"{transport}: {label}" + "".join(f", {k}={v}" for k, v in knobs.items())
-            if not python:
-                rows.append({"label": label, "system": system, "missing": "not built"})
+    if any("Redis" in w for w in args.only.split(",")) or not args.only:
+        to_redis(args.ref_python, args.file, targets["Redis"][0])
+    rows = [r for r in rows_for(targets, args) if not args.only or any(w in r[0] for w in args.only.split(","))]
+    # The headline: a fresh process per load (one load, defaults), rounds alternating the row order;
+    # each round's time joins the row's lists, so a row reads like one with `rounds` repetitions.
+    fresh = {}
+    for rnd in range(args.rounds):
+        for row in rows if rnd % 2 == 0 else rows[::-1]:
+            res = run_row(row, size, 1, 0, want)
+            print(f"net: fresh round {rnd + 1}/{args.rounds} {row[0]} done", file=sys.stderr, flush=True)
+            have = fresh.get(row[0])
+            if have is None or "error" in res or "missing" in res or "error" in have:
+                fresh[row[0]] = have if have and "error" in have else res
                 continue
-            cmd = [
-                python,
-                os.path.join(HERE, "child.py"),
-                "--mode",
-                "load",
-                "--task",
-                task,
-                "--file",
-                target,
-                "--reps",
-                str(args.reps),
-                "--warmup",
-                str(args.warmup),
-                "--bytes",
-                str(size),
-            ]
-            p = subprocess.run(
-                cmd, check=False, capture_output=True, text=True, env=dict(os.environ, **extra_env, **knobs)
-            )
-            if p.returncode != 0 or not p.stdout.strip():
-                tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
-                rows.append({"label": label, "system": system, "error": f"exit {p.returncode}: {tail}"})
-                continue
-            row = json.loads(p.stdout.strip().splitlines()[-1])
-            want = {int(c) for c in args.expect.split(",") if c}
-            if task == "tensorizer" and want and set(row["checksums"]) != want:
-                row["error"] = f"wrong data: checksum {row['checksums']} != {sorted(want)}"
-            rows.append(dict(row, label=label, system=system))
-            print(f"net: {label} done", file=sys.stderr, flush=True)
-    print(json.dumps(rows))
+            for key in ("load", "touch", "touch_resident"):
+                have[key] = have[key] + res[key]
+    # Secondary: repeats inside one warmed-up process.
+    inprocess = []
+    for row in rows if args.reps > 0 else []:
+        inprocess.append(run_row(row, size, args.reps, args.warmup, want))
+        print(f"net: {row[0]} done", file=sys.stderr, flush=True)
+    print(json.dumps({"fresh": [fresh[r[0]] for r in rows], "inprocess": inprocess}))
 
 
 if __name__ == "__main__":

@@ -230,8 +230,10 @@ def table(run):
     )
     if run["save"]:
         parts.append(_table(run["save"], "save", "Save (to page cache, no fsync)"))
+    if run.get("net_fresh"):
+        parts.append(_table(run["net_fresh"], "load", "Network load (loopback), a fresh process per load, defaults"))
     if run["net"]:
-        parts.append(_table(run["net"], "load", "Load over the network (loopback)"))
+        parts.append(_table(run["net"], "load", "Network load (loopback), repeats in one process"))
     return "\n\n".join(parts)
 
 

@@ -26,6 +26,21 @@ struct IoSlice {
   size_t size;
 };
 
+// Steers one long read (Source::read_stream) while it runs, from the reading thread: how far it
+// may go, and what has landed. Lets a caller process a long read piece by piece as it streams and
+// hand its tail to another reader (the engine's work stealing) without the two touching the same
+// bytes.
+class StreamBudget {
+ public:
+  virtual ~StreamBudget() = default;
+  // Before bytes [at, at+want) of the read are written: how many of them may be written now
+  // (the rest is no longer wanted); 0 ends the read early, successfully.
+  virtual uint64_t reserve(uint64_t at, uint64_t want) = 0;
+  // Bytes [0, n) of the read have landed in the slices. An exception thrown here ends the read
+  // and is rethrown by read_stream().
+  virtual void landed(uint64_t n) = 0;
+};
+
 class Source {
  public:
   virtual ~Source() = default;
@@ -35,6 +50,16 @@ class Source {
   // add up to the range length). Reads fully or throws Error (kIO, kNotFound, or kFormat when the
   // range runs past the end of the object). Retries transient failures internally.
   virtual void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) = 0;
+  // Reads the contiguous range at `offset` into the slices as read_scatter() does, as one long
+  // transfer where the transport has one (HTTP, S3: one ranged GET, resumed from the first
+  // missing byte on failure), asking `budget` before each write and telling it as bytes land.
+  // Returns the bytes delivered: the whole range, or fewer when the budget stopped the read.
+  // Default: read_scatter() in pieces of preferred_read_bytes() (else 16 MiB).
+  virtual uint64_t read_stream(uint64_t offset, const IoSlice* slices, size_t count,
+                               StreamBudget& budget);
+  // Whether one long read per reader beats many short ones: true where each request costs a
+  // round trip and, on some servers, a pass over the whole object (HTTP and S3 with ranges).
+  virtual bool prefers_long_reads() const { return false; }
   // A handle for another concurrent reader of the same object (may share the underlying file).
   virtual std::unique_ptr<Source> clone() = 0;
   // The URI or path, for messages. Never contains credentials.

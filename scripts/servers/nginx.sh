@@ -4,7 +4,10 @@
 # HTTP server (X-Cache-Status: MISS, then HIT), on free ports of 127.0.0.1.
 #   nginx.sh start DIR   -> writes DIR/nginx.env (TZ_TEST_HTTP_URL, TZ_TEST_HTTPS_URL,
 #                           TZ_TEST_HTTP_NORANGE_URL, TZ_TEST_HTTP_CACHE_URL, TZ_TEST_HTTP_ROOT,
-#                           TZ_TEST_CA_FILE, TZ_TEST_CA_DIR)
+#                           TZ_TEST_HTTP_ACCESS_LOG (requests to TZ_TEST_HTTP_URL),
+#                           TZ_TEST_S3_FAST_ENDPOINT and TZ_TEST_S3_FAST_ROOT (path-style S3 reads
+#                           of files under that root, for the benchmarks), TZ_TEST_CA_FILE,
+#                           TZ_TEST_CA_DIR)
 #   nginx.sh stop DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +35,8 @@ cp "$d/ca.pem" "$d/ca-dir/ca.pem"
 openssl rehash "$d/ca-dir" 2>/dev/null || c_rehash "$d/ca-dir" >/dev/null
 
 http_port=$(free_port); https_port=$(free_port); norange_port=$(free_port); cache_port=$(free_port)
+s3fast_port=$(free_port)
+mkdir -p "$dir/s3fast"
 user_line=""
 [ "$(id -u)" -eq 0 ] && user_line="user root;"
 cat > "$d/nginx.conf" <<CONF
@@ -53,7 +58,7 @@ http {
   tcp_nopush on;
   keepalive_requests 100000;
   keepalive_timeout 120s;
-  server { listen 127.0.0.1:$http_port; root $dir/www; }
+  server { listen 127.0.0.1:$http_port; root $dir/www; access_log $d/access.log; }
   server {
     listen 127.0.0.1:$https_port ssl;
     ssl_certificate $d/server.pem;
@@ -61,6 +66,9 @@ http {
     root $dir/www;
   }
   server { listen 127.0.0.1:$norange_port; root $dir/www; max_ranges 0; }
+  # An S3 read endpoint at wire speed for the benchmarks: path-style GETs (/BUCKET/KEY) of
+  # DIR/s3fast/BUCKET/KEY, signatures ignored, ranges served as nginx serves them.
+  server { listen 127.0.0.1:$s3fast_port; root $dir/s3fast; }
   proxy_cache_path $d/cache levels=1 keys_zone=tz_cache:1m max_size=4g;
   server {
     listen 127.0.0.1:$cache_port;
@@ -75,7 +83,7 @@ http {
 CONF
 nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log" > "$d/stdout.log" 2>&1 &
 pid=$!
-for port in $http_port $https_port $norange_port $cache_port; do
+for port in $http_port $https_port $norange_port $cache_port $s3fast_port; do
   wait_port "$port" 20 "$pid" || { cat "$d/error.log" "$d/stdout.log" >&2 || true; exit 1; }
 done
 echo "$pid" > "$d/nginx.pid"
@@ -85,6 +93,9 @@ export TZ_TEST_HTTPS_URL=https://127.0.0.1:$https_port
 export TZ_TEST_HTTP_NORANGE_URL=http://127.0.0.1:$norange_port
 export TZ_TEST_HTTP_CACHE_URL=http://127.0.0.1:$cache_port
 export TZ_TEST_HTTP_ROOT=$dir/www
+export TZ_TEST_HTTP_ACCESS_LOG=$d/access.log
+export TZ_TEST_S3_FAST_ENDPOINT=http://127.0.0.1:$s3fast_port
+export TZ_TEST_S3_FAST_ROOT=$dir/s3fast
 export TZ_TEST_CA_FILE=$d/ca.pem
 export TZ_TEST_CA_DIR=$d/ca-dir
 ENV

@@ -34,6 +34,7 @@ using engine::kUnversionedMismatchNote;
 constexpr uint64_t kFirstReadBytes = 512 * 1024;
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
 constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
+constexpr uint64_t kStreamedItemBytes = 4ull << 20;  // item size of loads streamed per worker
 
 std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr(0, 200); }
 
@@ -271,7 +272,11 @@ class LoadJob {
       planned.push_back({e.header_offset, e.header_size(), e.data_length, splittable});
       if (opt_.advise_huge_pages && d.data) engine::advise_huge_pages(d.data, e.expected_bytes());
     }
+    // Streamed: the item is what a worker finishes (hash, decrypt) as it lands and the unit
+    // another worker may take over, not a request.
+    const bool streamed = r_.source->prefers_long_reads() && r_.source->preferred_read_bytes() == 0;
     engine::PlanOptions plan;
+    if (streamed) plan.target_item_bytes = kStreamedItemBytes;
     if (const uint64_t b = r_.source->preferred_read_bytes()) plan.target_item_bytes = b;
     if (encrypted) {
       plan.target_item_bytes = kEncryptedItemBytes;
@@ -283,9 +288,16 @@ class LoadJob {
     workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
     std::vector<std::unique_ptr<Source>> handles;  // one source per worker beyond the caller's
     for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
-    // Each worker runs its own loop over the items (work() keeps the first error, with context).
-    parallel_for_workers(static_cast<size_t>(workers), workers, [&](size_t, int w) {
-      work(w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1]);
+    // A source that prefers long reads, with no read size forced on it, streams one share per
+    // worker; otherwise each worker takes the next item, one read each. Either way a worker's
+    // loop keeps the first error, with context.
+    if (streamed) split_shares(static_cast<size_t>(workers));
+    parallel_for_workers(static_cast<size_t>(workers), workers, [&](size_t k, int w) {
+      Source& src = w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1];
+      if (streamed)
+        stream_work(src, k);  // share k: a thread may run more than one
+      else
+        work(src);
     });
     if (error_) std::rethrow_exception(error_);
     if (recheck_headers_) check_unchanged(handles);
@@ -331,6 +343,15 @@ class LoadJob {
                  std::vector<IoSlice>& slices, size_t& current) {
     slices.clear();
     scratch.resize(item.segments.size());
+    add_slices(item, scratch.data(), slices);
+    src.read_scatter(item.offset, slices.data(), slices.size());
+    finish_item(item, scratch.data(), current);
+  }
+
+  // Appends the destinations of `item`'s segments to `slices`; headers land in `scratch` (one
+  // string per segment, sized here).
+  void add_slices(const engine::ReadItem& item, std::string* scratch,
+                  std::vector<IoSlice>& slices) {
     for (size_t k = 0; k < item.segments.size(); ++k) {
       const engine::Segment& s = item.segments[k];
       if (s.is_header) {
@@ -340,7 +361,10 @@ class LoadJob {
         slices.push_back({static_cast<uint8_t*>(dests_[s.tensor].data) + s.begin, s.length});
       }
     }
-    src.read_scatter(item.offset, slices.data(), slices.size());
+  }
+
+  // Everything after an item's bytes landed: headers parsed, chunks decrypted, hashes checked.
+  void finish_item(const engine::ReadItem& item, std::string* scratch, size_t& current) {
     for (size_t k = 0; k < item.segments.size(); ++k) {
       const engine::Segment& s = item.segments[k];
       current = s.tensor;
@@ -353,6 +377,152 @@ class LoadJob {
       } else if (s.last_of_tensor) {
         on_tensor_complete(s.tensor);
       }
+    }
+  }
+
+  // ---- Streamed loads: one long read per worker, idle workers steal the tail of the largest ---
+
+  // A worker's items still to read: [begin, end). `begin` moves past an item as soon as any of its
+  // bytes is about to be written, so only [begin, end) may be taken by another worker.
+  struct Share {
+    std::mutex mu;
+    size_t begin = 0, end = 0;
+  };
+
+  uint64_t item_end(size_t i) const { return items_[i].offset + items_[i].length; }
+
+  // Cuts the items into `n` contiguous shares of about equal bytes.
+  void split_shares(size_t n) {
+    shares_.reset(new Share[n]);
+    share_count_ = n;
+    uint64_t total = 0;
+    for (const auto& it : items_) total += it.length;
+    size_t i = 0;
+    uint64_t acc = 0;
+    for (size_t w = 0; w < n; ++w) {
+      shares_[w].begin = i;
+      const uint64_t goal = total / n * (w + 1);
+      while (i < items_.size() && (w + 1 == n || acc + items_[i].length / 2 < goal))
+        acc += items_[i++].length;
+      shares_[w].end = i;
+    }
+  }
+
+  void stream_work(Source& src, size_t w) {  // w: the share this call owns
+    Share& own = shares_[w];
+    size_t current = items_.empty() ? 0 : items_[0].segments[0].tensor;
+    try {
+      for (;;) {
+        if (cancelled_.load(std::memory_order_relaxed)) return;
+        size_t a, end;
+        {
+          std::lock_guard<std::mutex> lock(own.mu);
+          a = own.begin, end = own.end;
+        }
+        if (a >= end) {
+          if (!steal(w)) return;
+          continue;
+        }
+        size_t b = a + 1;  // the run of touching items from a
+        while (b < end && item_end(b - 1) == items_[b].offset) ++b;
+        current = items_[a].segments[0].tensor;
+        stream_run(src, own, a, b, current);
+      }
+    } catch (const Error& err) {
+      record_error(err, current);
+    } catch (const std::exception& err) {
+      record_error(Error(ErrorCode::kIO, err.what()), current);
+    }
+  }
+
+  // Reads items [a, b) (touching) as one long read, finishing each as its bytes land; stops early
+  // at the first item another worker took from this share meanwhile.
+  void stream_run(Source& src, Share& own, size_t a, size_t b, size_t& current) {
+    size_t segments = 0;
+    for (size_t i = a; i < b; ++i) segments += items_[i].segments.size();
+    std::vector<std::string> scratch(segments);
+    std::vector<IoSlice> slices;
+    slices.reserve(segments);
+    std::vector<size_t> first_segment;  // per item of the run, into scratch
+    for (size_t i = a; i < b; ++i) {
+      first_segment.push_back(slices.size());
+      add_slices(items_[i], scratch.data() + slices.size(), slices);
+    }
+
+    struct Budget final : StreamBudget {
+      LoadJob& job;
+      Share& own;
+      size_t a, b, reserved, finished;
+      uint64_t base;
+      std::vector<std::string>& scratch;
+      std::vector<size_t>& first_segment;
+      size_t& current;
+      Budget(LoadJob& j, Share& o, size_t a_, size_t b_, std::vector<std::string>& s,
+             std::vector<size_t>& f, size_t& c)
+          : job(j),
+            own(o),
+            a(a_),
+            b(b_),
+            reserved(a_),
+            finished(a_),
+            base(j.items_[a_].offset),
+            scratch(s),
+            first_segment(f),
+            current(c) {}
+
+      uint64_t reserve(uint64_t at, uint64_t want) override {
+        if (job.cancelled_.load(std::memory_order_relaxed)) return 0;
+        std::lock_guard<std::mutex> lock(own.mu);
+        const size_t limit = std::min(b, own.end);
+        if (limit <= a) return 0;
+        const uint64_t allowed = job.item_end(limit - 1) - base;
+        if (at >= allowed) return 0;
+        const uint64_t n = std::min(want, allowed - at);
+        while (reserved < limit && job.items_[reserved].offset - base < at + n) ++reserved;
+        own.begin = std::max(own.begin, reserved);
+        return n;
+      }
+
+      void landed(uint64_t n) override {
+        check_cancelled();
+        while (finished < b && job.item_end(finished) - base <= n) {
+          job.finish_item(job.items_[finished], scratch.data() + first_segment[finished - a],
+                          current);
+          ++finished;
+        }
+      }
+    } budget(*this, own, a, b, scratch, first_segment, current);
+
+    src.read_stream(items_[a].offset, slices.data(), slices.size(), budget);
+    if (budget.finished != budget.reserved)
+      fail(ErrorCode::kIO, "internal: a streamed read stopped inside an item");
+  }
+
+  // Takes the untouched second half of the share with the most items left; false if none has
+  // two or more.
+  bool steal(size_t w) {
+    for (;;) {
+      size_t victim = share_count_, most = 1;
+      for (size_t v = 0; v < share_count_; ++v) {
+        if (v == w) continue;
+        std::lock_guard<std::mutex> lock(shares_[v].mu);
+        const size_t left = shares_[v].end - std::min(shares_[v].begin, shares_[v].end);
+        if (left > most) victim = v, most = left;
+      }
+      if (victim == share_count_) return false;
+      size_t mid, end;
+      {
+        Share& v = shares_[victim];
+        std::lock_guard<std::mutex> lock(v.mu);
+        if (v.begin >= v.end || v.end - v.begin < 2) continue;  // it moved on meanwhile
+        mid = v.begin + (v.end - v.begin) / 2;
+        end = v.end;
+        v.end = mid;
+      }
+      std::lock_guard<std::mutex> lock(shares_[w].mu);
+      shares_[w].begin = mid;
+      shares_[w].end = end;
+      return true;
     }
   }
 
@@ -495,6 +665,8 @@ class LoadJob {
   std::vector<engine::ReadItem> items_;
   std::unique_ptr<CryptState[]> crypt_;  // encrypted files only: one per destination
   std::atomic<size_t> next_{0};
+  std::unique_ptr<Share[]> shares_;  // streamed loads: one per worker
+  size_t share_count_ = 0;
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::exception_ptr error_;

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 
 #include "tensorizer/cancel.h"
@@ -91,6 +92,11 @@ struct Transfer {
   size_t count = 0;
   size_t slice = 0;
   size_t in_slice = 0;
+  // a long read (read_stream): asked before each write, told as bytes land
+  StreamBudget* budget = nullptr;
+  uint64_t stream_done = 0;            // bytes of the read delivered before this attempt
+  bool stopped = false;                // the budget ended the read
+  std::exception_ptr error = nullptr;  // thrown by the budget; rethrown after the transfer
 };
 
 size_t on_header(char* data, size_t size, size_t n, void* user) {
@@ -171,10 +177,26 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     }
     const IoSlice& d = t->slices[t->slice];
     size_t k = std::min(total - pos, d.size - t->in_slice);
+    if (t->budget) {
+      k = static_cast<size_t>(t->budget->reserve(t->stream_done + a.delivered, k));
+      if (k == 0) {
+        t->stopped = true;
+        break;
+      }
+    }
     std::memcpy(static_cast<char*>(d.data) + t->in_slice, data + pos, k);
     t->in_slice += k;
     pos += k;
     a.delivered += k;
+  }
+  if (t->budget) {
+    try {
+      t->budget->landed(t->stream_done + a.delivered);
+    } catch (...) {
+      t->error = std::current_exception();
+      return 0;
+    }
+    if (t->stopped) return 0;  // the rest is no longer wanted: end the transfer
   }
   // Everything wanted has arrived: stop here (a server ignoring Range keeps sending).
   if (a.delivered == t->want && pos < total) return 0;
@@ -411,6 +433,31 @@ class HttpSource final : public Source {
     s_->bytes_read += total;
   }
 
+  uint64_t read_stream(uint64_t offset, const IoSlice* slices, size_t count,
+                       StreamBudget& budget) override {
+    probe();
+    if (!prefers_long_reads()) return Source::read_stream(offset, slices, count, budget);
+    uint64_t total = 0;
+    std::vector<IoSlice> rest;
+    for (size_t i = 0; i < count; ++i) {
+      total += slices[i].size;
+      if (slices[i].size) rest.push_back(slices[i]);
+    }
+    if (offset > s_->size || total > s_->size - offset)
+      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
+                                   std::to_string(offset) + " runs past the end of '" + uri() +
+                                   "' (" + std::to_string(s_->size) + " bytes)");
+    if (total == 0) return 0;
+    const uint64_t done = fetch(offset, rest, total, /*probe=*/false, &budget);
+    s_->bytes_read += done;
+    return done;
+  }
+
+  bool prefers_long_reads() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->probed && s_->ranges;
+  }
+
   std::unique_ptr<Source> clone() override { return std::make_unique<HttpSource>(s_); }
   const std::string& uri() const override { return s_->target.display_uri; }
   uint64_t bytes_read() const override { return s_->bytes_read.load(); }
@@ -441,8 +488,10 @@ class HttpSource final : public Source {
     fetch(0, one, 1, /*probe=*/true);
   }
 
-  // Reads [offset, offset+total) into `slices`, retrying from the first missing byte.
-  void fetch(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, bool probe) {
+  // Reads [offset, offset+total) into `slices`, retrying from the first missing byte; returns the
+  // bytes delivered (all of them, unless `budget` stopped the read).
+  uint64_t fetch(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, bool probe,
+                 StreamBudget* budget = nullptr) {
     const RetryOptions& opt = s_->retry;
     uint64_t done = 0;
     int failures = 0;
@@ -454,6 +503,8 @@ class HttpSource final : public Source {
       Transfer t{s_.get(), &a, offset + done, total - done};
       t.slices = slices.data();
       t.count = slices.size();
+      t.budget = budget;
+      t.stream_done = done;
       net::CurlHeaders headers;
       std::vector<std::string> extra = {"Range: bytes=" + std::to_string(offset + done) + "-" +
                                         std::to_string(offset + total - 1)};
@@ -469,7 +520,12 @@ class HttpSource final : public Source {
 
       if (probe && a.meta.complete && handle_probe(a)) {
         s_->give(std::move(h));
-        return;
+        return 1;
+      }
+      if (t.error) std::rethrow_exception(t.error);  // the connection is dropped with the handle
+      if (t.stopped) {
+        s_->give(std::move(h));  // curl closes an aborted transfer's connection itself
+        return done + a.delivered;
       }
       if (a.delivered > 0) {
         advance(slices, a.delivered);
@@ -491,7 +547,7 @@ class HttpSource final : public Source {
                                      " without Content-Range or Content-Length)");
         }
         s_->give(std::move(h));
-        return;
+        return total;
       }
       if (a.fatal) fail(a.fatal_code, where(offset, total, done) + ": " + a.fatal_message);
       // Classify the failure.

@@ -7,6 +7,7 @@
 #include <utime.h>
 
 #include <atomic>
+#include <fstream>
 
 #include "remote_test_util.h"
 #include "transport/curl_util.h"
@@ -132,19 +133,21 @@ TEST(TransportHttpTest, ObjectReplacedDuringALoadIsAnError) {
   ::unlink(path.c_str());
 }
 
-// A Source that forwards to another and records the largest single read.
+// A Source that forwards to another and records the largest single read (short or long).
 class RecordingSource final : public Source {
  public:
   explicit RecordingSource(std::unique_ptr<Source> inner) : inner_(std::move(inner)) {}
   uint64_t size() override { return inner_->size(); }
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
-    uint64_t n = 0;
-    for (size_t i = 0; i < count; ++i) n += slices[i].size;
-    uint64_t seen = largest_.load();
-    while (n > seen && !largest_.compare_exchange_weak(seen, n)) {
-    }
+    record(slices, count);
     inner_->read_scatter(offset, slices, count);
   }
+  uint64_t read_stream(uint64_t offset, const IoSlice* slices, size_t count,
+                       StreamBudget& budget) override {
+    record(slices, count);
+    return inner_->read_stream(offset, slices, count, budget);
+  }
+  bool prefers_long_reads() const override { return inner_->prefers_long_reads(); }
   std::unique_ptr<Source> clone() override { return inner_->clone(); }  // workers > 1 not recorded
   const std::string& uri() const override { return inner_->uri(); }
   uint64_t bytes_read() const override { return inner_->bytes_read(); }
@@ -152,6 +155,14 @@ class RecordingSource final : public Source {
   uint64_t largest() const { return largest_.load(); }
 
  private:
+  void record(const IoSlice* slices, size_t count) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < count; ++i) n += slices[i].size;
+    uint64_t seen = largest_.load();
+    while (n > seen && !largest_.compare_exchange_weak(seen, n)) {
+    }
+  }
+
   std::unique_ptr<Source> inner_;
   std::atomic<uint64_t> largest_{0};
 };
@@ -181,10 +192,9 @@ TEST(TransportHttpTest, ReadSizeComesFromTheOptionOrTensorizerReadMib) {
   test::ScopedEnv env;
   env.set("TENSORIZER_READ_MIB", std::nullopt);
   EXPECT_EQ(open_source(uri)->preferred_read_bytes(), 0u);
-  const uint64_t slack = 64 << 10;                       // an item may also take a small neighbour
-  const uint64_t by_default = largest_read(uri, {}, m);  // the engine's 16 MiB items
-  EXPECT_GE(by_default, 16u << 20);
-  EXPECT_LE(by_default, (16u << 20) + slack);
+  const uint64_t slack = 64 << 10;  // an item may also take a small neighbour
+  // By default one worker streams every tensor in one long read.
+  EXPECT_GE(largest_read(uri, {}, m), 40u << 20);
   TransportOptions two_mib;
   two_mib.http.read_bytes = 2 << 20;
   const uint64_t small = 2 << 20;
@@ -204,6 +214,46 @@ TEST(TransportHttpTest, ReadSizeComesFromTheOptionOrTensorizerReadMib) {
     }
   }
   ::unlink((root + "/" + name).c_str());
+}
+
+// Lines of nginx's access log naming `name`: one per request.
+size_t requests_for(const std::string& log, const std::string& name) {
+  std::ifstream in(log);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find("/" + name + " ") != line.npos;
+  return n;
+}
+
+TEST(TransportHttpTest, ALoadCostsOneRangedGetPerWorker) {
+  TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
+  TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
+  TZ_SERVER_ENV(log, "TZ_TEST_HTTP_ACCESS_LOG");
+  const test::Model m = test::make_model(64 << 20);
+  test::ScopedEnv env;
+  env.set("TENSORIZER_READ_MIB", std::nullopt);
+  for (int workers : {1, 4}) {
+    SCOPED_TRACE(workers);
+    const std::string name = test::unique_name("requests") + ".tensors";
+    auto w = Writer::open(root + "/" + name);
+    w->write(m.requests);
+    w->close();
+    auto reader = Reader::open(url + "/" + name);
+    // Opening: the probe (size, validator) and the prelude with the index.
+    EXPECT_EQ(requests_for(log, name), 2u);
+    LoadOptions lo;
+    lo.num_workers = workers;
+    auto buffers = test::load_entries(*reader, lo);
+    for (size_t i = 0; i < m.data.size(); ++i) EXPECT_TRUE(buffers[i] == m.data[i]) << i;
+    // Then one long GET per worker, plus one per share a worker took over from a slower one
+    // (at most one per 4 MiB item); 16 MiB requests would have needed 5.
+    const size_t load_requests = requests_for(log, name) - 2;
+    if (workers == 1) {
+      EXPECT_EQ(load_requests, 1u);
+    }
+    EXPECT_GE(load_requests, static_cast<size_t>(workers));
+    EXPECT_LE(load_requests, static_cast<size_t>(workers) + 17);
+    ::unlink((root + "/" + name).c_str());
+  }
 }
 
 TEST(TransportHttpTest, RedactUrlHidesUserInfoAndSecretParameters) {

@@ -1,0 +1,38 @@
+// What every Source shares: the default long read, in pieces through read_scatter().
+#include <algorithm>
+#include <vector>
+
+#include "tensorizer/transport.h"
+
+namespace tensorizer {
+
+uint64_t Source::read_stream(uint64_t offset, const IoSlice* slices, size_t count,
+                             StreamBudget& budget) {
+  const uint64_t piece_max = preferred_read_bytes() ? preferred_read_bytes() : 16ull << 20;
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += slices[i].size;
+  uint64_t done = 0;
+  size_t slice = 0;     // first slice not yet filled
+  uint64_t within = 0;  // bytes of it already filled
+  std::vector<IoSlice> piece;
+  while (done < total) {
+    const uint64_t n = budget.reserve(done, std::min(piece_max, total - done));
+    if (n == 0) break;
+    // The slices covering [done, done + n).
+    piece.clear();
+    for (uint64_t left = n; left > 0;) {
+      const IoSlice& s = slices[slice];
+      const uint64_t k = std::min<uint64_t>(left, s.size - within);
+      piece.push_back({static_cast<char*>(s.data) + within, static_cast<size_t>(k)});
+      left -= k;
+      within += k;
+      if (within == s.size) ++slice, within = 0;
+    }
+    read_scatter(offset + done, piece.data(), piece.size());
+    done += n;
+    budget.landed(done);
+  }
+  return done;
+}
+
+}  // namespace tensorizer

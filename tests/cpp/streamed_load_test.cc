@@ -1,0 +1,174 @@
+// Streamed loads (the engine's schedule for sources that prefer long reads, such as HTTP and S3),
+// on CPU through an in-memory source: each worker reads its share in one long read, a worker that
+// runs out takes the untouched half of the slowest share, no byte is read twice, errors end every
+// worker, and the bytes are exact with and without hash checks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "remote_test_util.h"
+#include "test_util.h"
+
+namespace tensorizer {
+namespace {
+
+// What every handle of one StreamingSource shares.
+struct StreamLog {
+  std::mutex mu;
+  std::vector<uint64_t> bytes_by_handle;  // data delivered by read_stream, per handle
+  uint64_t long_reads = 0;
+  std::atomic<int> handles{0};
+  int slow_handle = 0;      // this handle sleeps after each MiB
+  uint64_t fail_after = 0;  // > 0: a read_stream fails once this many bytes were streamed
+  std::atomic<uint64_t> streamed{0};
+};
+
+// An in-memory source that prefers long reads and streams them 1 MiB at a time through the
+// budget, as an HTTP transfer would; handle `slow_handle` is slow.
+class StreamingSource final : public Source {
+ public:
+  StreamingSource(std::shared_ptr<const std::string> bytes, std::shared_ptr<StreamLog> log)
+      : bytes_(std::move(bytes)), log_(std::move(log)), handle_(log_->handles++) {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    log_->bytes_by_handle.resize(static_cast<size_t>(handle_) + 1);
+  }
+  uint64_t size() override { return bytes_->size(); }
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(slices[i].data, bytes_->data() + offset, slices[i].size);
+      offset += slices[i].size;
+    }
+  }
+  uint64_t read_stream(uint64_t offset, const IoSlice* slices, size_t count,
+                       StreamBudget& budget) override {
+    {
+      std::lock_guard<std::mutex> lock(log_->mu);
+      ++log_->long_reads;
+    }
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; i < count; ++i) total += slices[i].size;
+    size_t slice = 0, within = 0;
+    while (done < total) {
+      uint64_t n = budget.reserve(done, std::min<uint64_t>(total - done, 1 << 20));
+      if (n == 0) break;
+      if (log_->fail_after && (log_->streamed += n) > log_->fail_after)
+        fail(ErrorCode::kIO, "connection reset (test)");
+      for (uint64_t left = n; left > 0;) {
+        const uint64_t k = std::min<uint64_t>(left, slices[slice].size - within);
+        std::memcpy(static_cast<char*>(slices[slice].data) + within,
+                    bytes_->data() + offset + done + (n - left), k);
+        left -= k;
+        within += k;
+        if (within == slices[slice].size) ++slice, within = 0;
+      }
+      done += n;
+      {
+        std::lock_guard<std::mutex> lock(log_->mu);
+        log_->bytes_by_handle[static_cast<size_t>(handle_)] += n;
+      }
+      if (handle_ == log_->slow_handle) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      budget.landed(done);
+    }
+    return done;
+  }
+  std::unique_ptr<Source> clone() override {
+    return std::make_unique<StreamingSource>(bytes_, log_);
+  }
+  const std::string& uri() const override { return name_; }
+  uint64_t bytes_read() const override { return 0; }
+  bool prefers_long_reads() const override { return true; }
+
+ private:
+  std::shared_ptr<const std::string> bytes_;
+  std::shared_ptr<StreamLog> log_;
+  int handle_;
+  std::string name_ = "<streaming>";
+};
+
+std::shared_ptr<const std::string> model_bytes(const test::Model& m) {
+  test::TempDir dir;
+  auto w = Writer::open(dir.path("m.tensors"));
+  w->write(m.requests);
+  w->close();
+  return std::make_shared<const std::string>(test::read_file(dir.path("m.tensors")));
+}
+
+TEST(StreamedLoadTest, IdleWorkersTakeOverTheSlowShareAndNoByteIsReadTwice) {
+  const test::Model m = test::make_model(64 << 20);
+  auto bytes = model_bytes(m);
+  auto log = std::make_shared<StreamLog>();
+  auto reader = Reader::open(std::make_unique<StreamingSource>(bytes, log));
+  LoadOptions lo;
+  lo.num_workers = 4;
+  auto buffers = test::load_entries(*reader, lo);
+  for (size_t i = 0; i < m.data.size(); ++i) EXPECT_TRUE(buffers[i] == m.data[i]) << i;
+  uint64_t data = 0;
+  for (size_t i = 0; i < m.data.size(); ++i) data += reader->entries()[i].data_length;
+  std::lock_guard<std::mutex> lock(log->mu);
+  uint64_t streamed = 0;
+  for (uint64_t b : log->bytes_by_handle) streamed += b;
+  // Every tensor byte once (plus the tensor headers), never twice.
+  EXPECT_GE(streamed, data);
+  EXPECT_LT(streamed, data + 64 * 1024);
+  // The slow first worker started with a quarter and kept well under it: the others took over.
+  EXPECT_LT(log->bytes_by_handle[0], 12u << 20);
+  EXPECT_GT(log->long_reads, 4u);  // one per worker, and more for the shares taken over
+}
+
+TEST(StreamedLoadTest, VerifiedAndUnverifiedLoadsAreExactWithOneAndManyWorkers) {
+  const test::Model m = test::make_model(9 << 20);
+  auto bytes = model_bytes(m);
+  for (bool verify : {false, true})
+    for (int workers : {1, 3, 8}) {
+      SCOPED_TRACE(std::to_string(verify) + " " + std::to_string(workers));
+      auto log = std::make_shared<StreamLog>();
+      log->slow_handle = -1;
+      auto reader = Reader::open(std::make_unique<StreamingSource>(bytes, log));
+      LoadOptions lo;
+      lo.num_workers = workers;
+      lo.verify_hash = verify;
+      auto buffers = test::load_entries(*reader, lo);
+      for (size_t i = 0; i < m.data.size(); ++i) EXPECT_TRUE(buffers[i] == m.data[i]) << i;
+    }
+}
+
+TEST(StreamedLoadTest, AFlippedByteIsAHashMismatch) {
+  const test::Model m = test::make_model(9 << 20);
+  auto good = model_bytes(m);
+  std::string bad = *good;
+  const IndexEntry big = Reader::open(make_memory_source(good))->entries()[2];
+  bad[big.data_offset + 5'000'000] ^= 1;
+  auto log = std::make_shared<StreamLog>();
+  log->slow_handle = -1;
+  auto reader =
+      Reader::open(std::make_unique<StreamingSource>(std::make_shared<std::string>(bad), log));
+  LoadOptions lo;
+  lo.num_workers = 4;
+  lo.verify_hash = true;
+  EXPECT_EQ(test::error_code_of([&] { test::load_entries(*reader, lo); }),
+            ErrorCode::kHashMismatch);
+}
+
+TEST(StreamedLoadTest, AFailingReadEndsTheLoadWithItsErrorAndNoWorkerHangs) {
+  const test::Model m = test::make_model(32 << 20);
+  auto bytes = model_bytes(m);
+  auto log = std::make_shared<StreamLog>();
+  log->slow_handle = -1;
+  log->fail_after = 10 << 20;
+  auto reader = Reader::open(std::make_unique<StreamingSource>(bytes, log));
+  LoadOptions lo;
+  lo.num_workers = 4;
+  try {
+    test::load_entries(*reader, lo);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIO);
+    EXPECT_NE(std::string(e.what()).find("connection reset (test)"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tensorizer
