@@ -2,18 +2,21 @@
 # Remote load throughput over loopback: our engine (bench/remote_load) next to a raw client on the
 # same server, for HTTP (nginx), S3 (moto) and Redis. Not part of `make test`.
 #   bash bench/remote.sh     (REMOTE_SIZE_MB, default 2048; REMOTE_S3_SIZE_MB, default the same;
-#                             REMOTE_S3_READ_MIB, default "512 2048": the TENSORIZER_READ_MIB
-#                             values also timed for S3, since moto copies the whole object in
-#                             Python for every ranged GET; REMOTE_REPS, default 3: best of; BUILD)
-# Raw baselines: `curl -o /dev/null` of the file; curl of a presigned S3 URL (made by boto3), whole
-# and as the same 16 MiB ranged GETs our engine makes; `redis-cli --raw GET` of every key of the
-# object, one after another, into /dev/null.
+#                             REMOTE_S3_READ_MIB, default "": TENSORIZER_READ_MIB values also
+#                             timed for S3 (the old fixed-size schedule: moto copies the whole
+#                             object in Python for every ranged GET); REMOTE_RANGED_CURL=1 also
+#                             times curl doing 16 MiB ranged GETs on moto (slow); REMOTE_REPS,
+#                             default 3: best of; BUILD)
+# S3 is timed on moto and on nginx serving the bucket path-style (TZ_TEST_S3_FAST_ENDPOINT), an
+# endpoint that serves ranges at wire speed as real object stores do.
+# Raw baselines: `curl -o /dev/null` of the file; curl of a presigned S3 URL (made by boto3);
+# `redis-cli --raw GET` of every key of the object, one after another, into /dev/null.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 SIZE_MB=${REMOTE_SIZE_MB:-2048}
 S3_SIZE_MB=${REMOTE_S3_SIZE_MB:-$SIZE_MB}
-S3_READ_MIB=${REMOTE_S3_READ_MIB:-512 2048}
+S3_READ_MIB=${REMOTE_S3_READ_MIB:-}
 REPS=${REMOTE_REPS:-3}
 if [ -z "${TZ_TEST_HTTP_URL:-}" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
@@ -83,14 +86,21 @@ export redis_port
 
 echo "== $bytes bytes over loopback, $(nproc) cores =="
 row "HTTP raw: curl -o /dev/null" "$(best3 curl -s -o /dev/null "$TZ_TEST_HTTP_URL/$name")"
-for w in 1 2 8; do row "HTTP ours ($w workers)" "$(ours "$TZ_TEST_HTTP_URL/$name" $w)"; done
+for w in 1 2 0; do row "HTTP ours ($w workers, 0 = default)" "$(ours "$TZ_TEST_HTTP_URL/$name" $w)"; done
 echo "== S3: $s3bytes bytes =="
 row "S3 raw: curl presigned URL" "$(best3 curl -s -o /dev/null "$presigned")" "$s3bytes"
-row "S3 raw: curl presigned, 16 MiB ranges" "$(best3 bash -c ranged_curl)" "$s3bytes"
-row "S3 ours (8 workers, 16 MiB GETs)" "$(ours "$s3uri" 8)" "$s3bytes"
+[ -z "${REMOTE_RANGED_CURL:-}" ] ||
+  row "S3 raw: curl presigned, 16 MiB ranges" "$(best3 bash -c ranged_curl)" "$s3bytes"
+row "S3 ours (defaults: 8 streamed shares)" "$(ours "$s3uri" 0)" "$s3bytes"
 for mib in $S3_READ_MIB; do
   row "S3 ours (TENSORIZER_READ_MIB=$mib)" "$(export TENSORIZER_READ_MIB=$mib; ours "$s3uri" 8)" "$s3bytes"
 done
+echo "== S3 on nginx (path-style, wire speed): $s3bytes bytes =="
+mkdir -p "$TZ_TEST_S3_FAST_ROOT/$TZ_TEST_S3_BUCKET"
+ln -sf "$TZ_TEST_HTTP_ROOT/$s3name" "$TZ_TEST_S3_FAST_ROOT/$TZ_TEST_S3_BUCKET/$s3name"
+row "S3 nginx raw: curl presigned URL" \
+  "$(best3 curl -s -o /dev/null "${presigned/$TZ_TEST_S3_ENDPOINT/$TZ_TEST_S3_FAST_ENDPOINT}")" "$s3bytes"
+row "S3 nginx ours (defaults)" "$(export AWS_ENDPOINT_URL=$TZ_TEST_S3_FAST_ENDPOINT; ours "$s3uri" 0)" "$s3bytes"
 echo "== Redis: $bytes bytes =="
 row "Redis raw: redis-cli --raw GET" "$(best3 bash -c redis_all_keys)"
 for w in 1 2 4; do row "Redis ours ($w workers)" "$(ours "$redisuri" $w)"; done

@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "tensorizer/cancel.h"
+#include "transport/slices.h"
 
 namespace tensorizer {
 namespace {
@@ -409,17 +410,8 @@ class HttpSource final : public Source {
 
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
     probe();
-    uint64_t total = 0;
-    std::vector<IoSlice> rest;
-    rest.reserve(count);
-    for (size_t i = 0; i < count; ++i) {
-      total += slices[i].size;
-      if (slices[i].size) rest.push_back(slices[i]);
-    }
-    if (offset > s_->size || total > s_->size - offset)
-      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
-                                   std::to_string(offset) + " runs past the end of '" + uri() +
-                                   "' (" + std::to_string(s_->size) + " bytes)");
+    uint64_t total;
+    std::vector<IoSlice> rest = slices_within(offset, slices, count, s_->size, uri(), total);
     if (total == 0) return;
     bool ranges;
     {
@@ -437,16 +429,8 @@ class HttpSource final : public Source {
                        StreamBudget& budget) override {
     probe();
     if (!prefers_long_reads()) return Source::read_stream(offset, slices, count, budget);
-    uint64_t total = 0;
-    std::vector<IoSlice> rest;
-    for (size_t i = 0; i < count; ++i) {
-      total += slices[i].size;
-      if (slices[i].size) rest.push_back(slices[i]);
-    }
-    if (offset > s_->size || total > s_->size - offset)
-      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
-                                   std::to_string(offset) + " runs past the end of '" + uri() +
-                                   "' (" + std::to_string(s_->size) + " bytes)");
+    uint64_t total;
+    std::vector<IoSlice> rest = slices_within(offset, slices, count, s_->size, uri(), total);
     if (total == 0) return 0;
     const uint64_t done = fetch(offset, rest, total, /*probe=*/false, &budget);
     s_->bytes_read += done;

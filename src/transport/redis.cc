@@ -42,6 +42,7 @@
 #include "tensorizer/error.h"
 #include "tensorizer/named_range.h"
 #include "transport/curl_util.h"
+#include "transport/slices.h"
 #include "transport/staging.h"
 
 namespace tensorizer {
@@ -273,16 +274,8 @@ class RedisSource final : public Source {
   bool versioned() const override { return false; }
 
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
-    uint64_t total = 0;
-    std::vector<IoSlice> rest;
-    for (size_t i = 0; i < count; ++i) {
-      total += slices[i].size;
-      if (slices[i].size) rest.push_back(slices[i]);
-    }
-    if (offset > s_->size || total > s_->size - offset)
-      fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
-                                   std::to_string(offset) + " runs past the end of '" + uri() +
-                                   "' (" + std::to_string(s_->size) + " bytes)");
+    uint64_t total;
+    std::vector<IoSlice> rest = slices_within(offset, slices, count, s_->size, uri(), total);
     if (total == 0) return;
     const RetryOptions& o = s_->options;
     uint64_t done = 0;

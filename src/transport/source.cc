@@ -1,10 +1,29 @@
-// What every Source shares: the default long read, in pieces through read_scatter().
+// What every Source shares: the default long read, in pieces through read_scatter(), and the
+// first step of every transport's read (slices.h).
 #include <algorithm>
 #include <vector>
 
+#include "tensorizer/error.h"
 #include "tensorizer/transport.h"
+#include "transport/slices.h"
 
 namespace tensorizer {
+
+std::vector<IoSlice> slices_within(uint64_t offset, const IoSlice* slices, size_t count,
+                                   uint64_t size, const std::string& uri, uint64_t& total) {
+  total = 0;
+  std::vector<IoSlice> rest;
+  rest.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    total += slices[i].size;
+    if (slices[i].size) rest.push_back(slices[i]);
+  }
+  if (offset > size || total > size - offset)
+    fail(ErrorCode::kFormat, "read of " + std::to_string(total) + " bytes at offset " +
+                                 std::to_string(offset) + " runs past the end of '" + uri + "' (" +
+                                 std::to_string(size) + " bytes)");
+  return rest;
+}
 
 uint64_t Source::read_stream(uint64_t offset, const IoSlice* slices, size_t count,
                              StreamBudget& budget) {
