@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +37,7 @@ constexpr uint64_t kFirstReadBytes = 512 * 1024;
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
 constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
 constexpr uint64_t kStreamedItemBytes = 4ull << 20;  // item size of loads streamed per worker
+constexpr double kShareBytesPerRequestSecond = 1e9;  // see LoadJob::paying_shares()
 
 std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr(0, 200); }
 
@@ -95,6 +98,7 @@ struct Reader::Impl {
   crypto::KeyCache key_cache;
   std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
   std::atomic<uint64_t> bytes_read_elsewhere{0};  // by mapped and direct loads
+  double first_read_s = 0;  // how long the open's first read took: what one request costs
 };
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -113,7 +117,10 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
       fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
     const uint64_t first = source->local_fd() >= 0 ? kPreludeSize : kFirstReadBytes;
     std::string head(std::min(size, first), '\0');
+    const auto asked = std::chrono::steady_clock::now();
     source->read_at(0, head.data(), head.size());
+    impl->first_read_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
     const auto* bytes = reinterpret_cast<const uint8_t*>(head.data());
     if (std::memcmp(bytes, kMagic, kMagicSize) != 0 && looks_like_safetensors(bytes, head.size())) {
       if (options.decryption)
@@ -285,6 +292,7 @@ class LoadJob {
     }
     items_ = engine::plan_reads(planned, plan);
     int workers = default_workers(opt_.num_workers, r_.source->preferred_readers());
+    if (streamed && opt_.num_workers <= 0) workers = std::min(workers, paying_shares());
     workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
     std::vector<std::unique_ptr<Source>> handles;  // one source per worker beyond the caller's
     for (int i = 1; i < workers; ++i) handles.push_back(r_.source->clone());
@@ -382,12 +390,33 @@ class LoadJob {
 
   // ---- Streamed loads: one long read per worker, idle workers steal the tail of the largest ---
 
+  // How many long reads pay for themselves: each share should carry at least
+  // kShareBytesPerRequestSecond bytes per second the open's first (small) read took, i.e. stream
+  // for about four of those waits at 250 MB/s, a single connection's pace on real object stores.
+  // Loopback nginx (a wait under a millisecond) gets every worker; moto, whose every request
+  // copies the whole object first (a wait of 0.3 s or more), gets one or two.
+  int paying_shares() const {
+    uint64_t total = 0;
+    for (const auto& it : items_) total += it.length;
+    const double per_share = r_.first_read_s * kShareBytesPerRequestSecond;
+    if (per_share <= 0) return std::numeric_limits<int>::max();
+    return static_cast<int>(std::clamp(static_cast<double>(total) / per_share, 1.0, 1e6));
+  }
+
   // A worker's items still to read: [begin, end). `begin` moves past an item as soon as any of its
-  // bytes is about to be written, so only [begin, end) may be taken by another worker.
+  // bytes is about to be written, so only [begin, end) may be taken by another worker. `since` and
+  // `streamed`: when the current read's first byte came and how many bytes came since (its rate).
   struct Share {
     std::mutex mu;
     size_t begin = 0, end = 0;
+    double since = -1;
+    uint64_t streamed = 0;
   };
+
+  static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 
   uint64_t item_end(size_t i) const { return items_[i].offset + items_[i].length; }
 
@@ -454,6 +483,7 @@ class LoadJob {
       Share& own;
       size_t a, b, reserved, finished;
       uint64_t base;
+      double asked = now_s();  // when the read was issued, for its time to first byte
       std::vector<std::string>& scratch;
       std::vector<size_t>& first_segment;
       size_t& current;
@@ -480,6 +510,12 @@ class LoadJob {
         const uint64_t n = std::min(want, allowed - at);
         while (reserved < limit && job.items_[reserved].offset - base < at + n) ++reserved;
         own.begin = std::max(own.begin, reserved);
+        if (own.since < 0) {  // the first byte of this read
+          own.since = now_s();
+          own.streamed = 0;
+          job.note_first_byte_wait(own.since - asked);
+        }
+        own.streamed += n;
         return n;
       }
 
@@ -494,20 +530,40 @@ class LoadJob {
     } budget(*this, own, a, b, scratch, first_segment, current);
 
     src.read_stream(items_[a].offset, slices.data(), slices.size(), budget);
+    {
+      std::lock_guard<std::mutex> lock(own.mu);
+      own.since = -1;
+    }
     if (budget.finished != budget.reserved)
       fail(ErrorCode::kIO, "internal: a streamed read stopped inside an item");
   }
 
-  // Takes the untouched second half of the share with the most items left; false if none has
-  // two or more.
+  // The slowest time to first byte a read of this load has had: what taking work over costs.
+  void note_first_byte_wait(double s) {
+    double seen = first_byte_wait_.load();
+    while (s > seen && !first_byte_wait_.compare_exchange_weak(seen, s)) {
+    }
+  }
+
+  // Takes the untouched second half of the share that would take longest to finish, when it has
+  // two or more items and, at the rate its read runs, would take longer than two first-byte
+  // waits: a new request must pay for itself (on a server that copies the whole object for every
+  // ranged GET, such as moto, that wait is long and taking over would only add copies).
   bool steal(size_t w) {
     for (;;) {
-      size_t victim = share_count_, most = 1;
+      size_t victim = share_count_;
+      double longest = 2 * first_byte_wait_.load();
+      const double now = now_s();
       for (size_t v = 0; v < share_count_; ++v) {
         if (v == w) continue;
         std::lock_guard<std::mutex> lock(shares_[v].mu);
-        const size_t left = shares_[v].end - std::min(shares_[v].begin, shares_[v].end);
-        if (left > most) victim = v, most = left;
+        const Share& sh = shares_[v];
+        if (sh.begin >= sh.end || sh.end - sh.begin < 2 || sh.since < 0 || now <= sh.since)
+          continue;
+        const double rate = static_cast<double>(sh.streamed) / (now - sh.since);
+        const double left = static_cast<double>(item_end(sh.end - 1) - items_[sh.begin].offset);
+        const double eta = rate > 0 ? left / rate : 1e30;
+        if (eta > longest) victim = v, longest = eta;
       }
       if (victim == share_count_) return false;
       size_t mid, end;
@@ -667,6 +723,7 @@ class LoadJob {
   std::atomic<size_t> next_{0};
   std::unique_ptr<Share[]> shares_;  // streamed loads: one per worker
   size_t share_count_ = 0;
+  std::atomic<double> first_byte_wait_{0};  // seconds: the slowest first byte of a streamed read
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::exception_ptr error_;
