@@ -7,15 +7,20 @@ publishes the reference-written file on each server and times every loader in a 
 reference fetches) and redis-py GETs of every key. BENCH_NET_SIZE_GB (default 1) caps the file served (moto keeps
 objects in memory and serves them from Python), so this section uses its own smaller file if needed.
 S3 runs twice: on moto, and on nginx serving the bucket's key path-style (signatures ignored) as a real
-object store serves ranges, so that the S3 client itself is measured. The headline is a fresh process
-per load (--rounds, alternating the row order); repeats inside one process follow as a second table.
+object store serves ranges, so that the S3 client itself is measured. Over HTTP and S3 on nginx, ours
+also runs through the local cache (TENSORIZER_CACHE_DIR): a miss (an empty cache each time) and a hit
+(a cache filled before the rounds), next to ours loading the same file from local disk. The headline
+is a fresh process per load (--rounds, alternating the row order); repeats inside one process follow
+as a second table.
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -140,20 +145,32 @@ def to_redis(ref_python, path, redis_url):
     subprocess.run([ref_python, "-c", code, path, redis_url], check=True)
 
 
-def rows_for(targets, args):
-    """(label, system, python, task, target, extra env) for every network row, grouped by transport."""
+CACHED = ("HTTP", "S3 (nginx)")  # transports whose rows include the local cache
+
+
+def rows_for(targets, args, cache_root):
+    """(label, system, python, task, target, extra env) for every network row, grouped by transport;
+    the rows through the local cache use cache_root (a filled cache per transport, and room for
+    the misses' own)."""
     out = []
     for transport, (url, extra_env, raw_url) in targets.items():
         group = [
-            ("ours", args.ours_python, "tensorizer", url),
-            ("ours, lazy_load", args.ours_python, "tensorizer_lazy", url),
-            ("reference tensorizer 2.12.1", args.ref_python, "tensorizer", url),
+            ("ours", args.ours_python, "tensorizer", url, {}),
+            ("ours, lazy_load", args.ours_python, "tensorizer_lazy", url, {}),
+            ("reference tensorizer 2.12.1", args.ref_python, "tensorizer", url, {}),
         ]
+        if transport in CACHED:
+            filled = {"TENSORIZER_CACHE_DIR": os.path.join(cache_root, transport.replace(" ", "_"))}
+            group.append(("ours, cache miss", args.ours_python, "tensorizer_cache_miss", url, {}))
+            group.append(("ours, cache hit", args.ours_python, "tensorizer", url, filled))
         raw = ("curl", raw_url or url) if transport != "Redis" else ("redis_get", raw_url)
-        group.append((f"raw {raw[0]}", sys.executable, raw[0], raw[1]))
-        for name, python, task, target in group:
+        group.append((f"raw {raw[0]}", sys.executable, raw[0], raw[1], {}))
+        for name, python, task, target, env in group:
             system = "ours" if name.startswith("ours") else "ref" if name.startswith("ref") else "baseline"
-            out.append((f"{transport}: {name}", system, python, task, target, extra_env))
+            env = dict(extra_env, BENCH_CACHE_ROOT=cache_root, **env)
+            out.append((f"{transport}: {name}", system, python, task, target, env))
+    # What a cache hit is measured against: ours loading the same bytes from local disk.
+    out.append(("local file: ours", "ours", args.ours_python, "tensorizer", args.file, {}))
     return out
 
 
@@ -190,7 +207,12 @@ def main():
     targets = publish(args.file)
     if any("Redis" in w for w in args.only.split(",")) or not args.only:
         to_redis(args.ref_python, args.file, targets["Redis"][0])
-    rows = [r for r in rows_for(targets, args) if not args.only or any(w in r[0] for w in args.only.split(","))]
+    cache_root = tempfile.mkdtemp(prefix="bench-cache-", dir=os.path.dirname(os.path.abspath(args.file)))
+    rows = rows_for(targets, args, cache_root)
+    rows = [r for r in rows if not args.only or any(w in r[0] for w in args.only.split(","))]
+    for row in rows:  # fill the caches of the hit rows, untimed
+        if row[0].endswith("cache hit"):
+            run_row(row, size, 1, 0, want)
     # The headline: a fresh process per load (one load, defaults), rounds alternating the row order;
     # each round's time joins the row's lists, so a row reads like one with `rounds` repetitions.
     fresh = {}
@@ -209,6 +231,7 @@ def main():
     for row in rows if args.reps > 0 else []:
         inprocess.append(run_row(row, size, args.reps, args.warmup, want))
         print(f"net: {row[0]} done", file=sys.stderr, flush=True)
+    shutil.rmtree(cache_root, ignore_errors=True)
     print(json.dumps({"fresh": [fresh[r[0]] for r in rows], "inprocess": inprocess}))
 
 

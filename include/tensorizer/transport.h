@@ -81,6 +81,9 @@ class Source {
   // HTTP(S): the X-Cache-Status header of the first response (a caching proxy's HIT/MISS); else
   // none.
   virtual std::optional<std::string> cache_status() const { return std::nullopt; }
+  // The object's version as its server names it (HTTP(S)/S3: the ETag, else the Last-Modified
+  // date), for caches; "" when it has none. Meaningful once size() was called.
+  virtual std::string version() const { return ""; }
 
   void read_at(uint64_t offset, void* dst, size_t size) {
     IoSlice s{dst, size};
@@ -139,6 +142,11 @@ struct S3Options {
 // `$name` as a number of seconds (> 0) when set and not empty, else `fallback`. A malformed value
 // throws Error(kInvalidArgument) naming the variable.
 double seconds_from_env(const char* name, double fallback);
+// `$name`, or "" when unset.
+std::string string_from_env(const char* name);
+// `$name` as a number of GiB (> 0) in bytes when set and not empty, else 0. A malformed value
+// throws Error(kInvalidArgument) naming the variable.
+uint64_t gib_from_env(const char* name);
 
 // How a network transport (HTTP(S), S3, Redis) waits and retries. The timeouts default to
 // $TENSORIZER_CONNECT_TIMEOUT and $TENSORIZER_STALL_TIMEOUT (seconds) when those are set.
@@ -160,12 +168,24 @@ struct FileOptions {
   bool unnamed_temp = true;
 };
 
+// A local cache of remote objects (HTTP(S) and S3 objects that have an ETag or Last-Modified
+// date): opening one fetches it whole into `dir` once, streaming, and later opens of the same
+// version read the local copy (a local file: the mapped route). See src/transport/cache.cc.
+struct CacheOptions {
+  // Empty: no cache. Default: $TENSORIZER_CACHE_DIR.
+  std::string dir = string_from_env("TENSORIZER_CACHE_DIR");
+  // Bound on the cache's total size; least recently used entries go first. 0: half the size of
+  // the file system holding `dir`. Default: $TENSORIZER_CACHE_MAX_GIB (GiB) when set.
+  uint64_t max_bytes = gib_from_env("TENSORIZER_CACHE_MAX_GIB");
+};
+
 // Everything open_source/open_sink may need; each transport is handed only its own parts.
 struct TransportOptions {
   HttpOptions http;
   S3Options s3;
   RetryOptions retry;
   FileOptions file;
+  CacheOptions cache;
 };
 
 // Opens a source for a local path or a URI (file://, http://, https://, s3://, redis://).

@@ -240,6 +240,7 @@ void register_common(nb::module_& m) {
   m.attr("LONG_DIMS_VERSION") = tensorizer::kLongDimsVersion;
 
   // Transport options, one class per back end; TransportOptions holds one of each.
+  using tensorizer::CacheOptions;
   using tensorizer::FileOptions;
   using tensorizer::HttpOptions;
   using tensorizer::RetryOptions;
@@ -273,12 +274,17 @@ void register_common(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("sync_on_commit", &FileOptions::sync_on_commit)
       .def_rw("unnamed_temp", &FileOptions::unnamed_temp);
+  nb::class_<CacheOptions>(m, "CacheOptions")
+      .def(nb::init<>())
+      .def_rw("dir", &CacheOptions::dir)
+      .def_rw("max_bytes", &CacheOptions::max_bytes);
   nb::class_<TransportOptions>(m, "TransportOptions")
       .def(nb::init<>())
       .def_rw("http", &TransportOptions::http)
       .def_rw("s3", &TransportOptions::s3)
       .def_rw("retry", &TransportOptions::retry)
-      .def_rw("file", &TransportOptions::file);
+      .def_rw("file", &TransportOptions::file)
+      .def_rw("cache", &TransportOptions::cache);
 
   // What a path or URI's transport can do (open_stream asks instead of knowing the schemes).
   nb::class_<tensorizer::TransportInfo>(m, "TransportInfo")

@@ -134,6 +134,12 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         deadline: seconds (an extension of the reference API) within which the open and every
             load through this deserializer must finish, counted from construction; past it the
             engine stops and raises TimeoutError naming the file. None: no deadline.
+        cache_dir: a directory (an extension of the reference API) where HTTP(S) and S3 objects
+            are kept for later loads, validated by the server's ETag (or Last-Modified) and
+            size on every open: a miss fetches the whole object into the cache first (one
+            download however many processes ask at once), a hit loads the local copy as a
+            local file. None: ``TENSORIZER_CACHE_DIR`` if set, else no cache;
+            ``TENSORIZER_CACHE_MAX_GIB`` bounds its size (least recently used entries go).
 
     Ctrl-C during construction or a load raises KeyboardInterrupt within a fraction of a second,
     after the engine has stopped its workers and closed its connections.
@@ -157,6 +163,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         stall_timeout: Optional[float] = None,
         deadline: Optional[float] = None,
         cast_within_kind: bool = False,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
     ):
         del plaid_mode, plaid_mode_buffers  # accepted for compatibility; the engine stages every CUDA load
         self._reader = None
@@ -204,7 +211,9 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         key, passphrase, kdf_limits = encryption._engine_args() if encryption is not None else (None, None, None)
         self._encrypted = encryption is not None
 
-        options = stream_io._transport_options(connect_timeout=connect_timeout, stall_timeout=stall_timeout)
+        options = stream_io._transport_options(
+            connect_timeout=connect_timeout, stall_timeout=stall_timeout, cache_dir=cache_dir
+        )
         if deadline is not None and (isinstance(deadline, bool) or not deadline > 0):
             raise ValueError(f"deadline must be a number of seconds greater than 0, not {deadline!r}")
         self._reader = self._open(file_obj, options, key, passphrase, kdf_limits, float(deadline or 0))

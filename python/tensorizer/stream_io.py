@@ -78,9 +78,14 @@ def _transport_options(
     force_http: Optional[bool] = None,
     connect_timeout: Optional[float] = None,
     stall_timeout: Optional[float] = None,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
 ) -> "_C.TransportOptions":
-    """The engine's TransportOptions for the reference's keyword arguments (and our timeouts)."""
-    options = _C.TransportOptions()  # timeouts default to $TENSORIZER_{CONNECT,STALL}_TIMEOUT
+    """The engine's TransportOptions for the reference's keyword arguments (and ours: timeouts,
+    the cache directory)."""
+    # Timeouts default to $TENSORIZER_{CONNECT,STALL}_TIMEOUT, the cache to $TENSORIZER_CACHE_DIR.
+    options = _C.TransportOptions()
+    if cache_dir is not None:
+        options.cache.dir = os.fsdecode(os.fspath(cache_dir))
     for name, seconds in (("connect_timeout", connect_timeout), ("stall_timeout", stall_timeout)):
         if seconds is None:
             continue
@@ -367,6 +372,7 @@ def open_stream(
     certificate_handling: Optional[CAInfo] = None,
     connect_timeout: Optional[float] = None,
     stall_timeout: Optional[float] = None,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
 ) -> typing.BinaryIO:
     """Opens a local path or a URI as a binary stream (docs/reference-api.md §5.1).
 
@@ -375,7 +381,8 @@ def open_stream(
     (``s3://``) also open for writing (``wb``/``wb+``/``ab``/``ab+``), staged by the engine and
     published on close. Anything else is a local file (binary modes only; parent directories are
     created for writing). ``connect_timeout`` and ``stall_timeout`` (seconds) bound remote
-    transfers as in ``TensorDeserializer``.
+    transfers as in ``TensorDeserializer``. ``cache_dir`` (default ``$TENSORIZER_CACHE_DIR``)
+    keeps a local copy of HTTP(S) and S3 objects opened for reading, as in ``TensorDeserializer``.
     """
     del s3_signature_version
     local_only = isinstance(path_uri, os.PathLike)
@@ -395,6 +402,7 @@ def open_stream(
             force_http=force_http,
             connect_timeout=connect_timeout,
             stall_timeout=stall_timeout,
+            cache_dir=cache_dir,
         )
         if normalized_mode == "br":
             stream_class = RedisStreamFile if scheme == "redis" else CURLStreamFile

@@ -38,6 +38,9 @@ void add_transport_options(CLI::App* cmd, TransportOptions& t) {
                   "seconds without progress before a transfer fails");
   cmd->add_option("--retries", t.retry.max_retries,
                   "retries of a failed transfer (consecutive, without progress)");
+  cmd->add_option("--cache-dir", t.cache.dir,
+                  "keep http(s):// and s3:// objects read here for later reads (default "
+                  "$TENSORIZER_CACHE_DIR)");
 }
 
 }  // namespace tensorizer::cli

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -69,6 +70,13 @@ int usable_cores() {
 int default_workers(int requested, int source_preferred) {
   if (requested > 0) return requested;
   return source_preferred > 0 ? source_preferred : usable_cores();
+}
+
+int paying_shares(uint64_t bytes, double request_seconds) {
+  constexpr double kShareBytesPerRequestSecond = 1e9;
+  const double per_share = request_seconds * kShareBytesPerRequestSecond;
+  if (per_share <= 0) return std::numeric_limits<int>::max();
+  return static_cast<int>(std::clamp(static_cast<double>(bytes) / per_share, 1.0, 1e6));
 }
 
 }  // namespace tensorizer

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 namespace tensorizer {
@@ -24,5 +25,13 @@ int usable_cores();
 // The one rule for worker counts: `requested` when positive, else what the source serves best
 // (Source::preferred_readers(), when positive), else one per usable core.
 int default_workers(int requested, int source_preferred = 0);
+
+// How many long reads of `bytes` in all pay for themselves when one request costs
+// `request_seconds` (a first small read's time): each should carry at least 1 GB per second of
+// that wait, i.e. stream for about four waits at 250 MB/s, one connection's pace on real object
+// stores. Loopback nginx (a wait under a millisecond) gets every worker; moto, whose every
+// request copies the whole object first (a wait of 0.3 s or more), gets one or two. At least 1;
+// a wait of 0 (not measured) puts no bound.
+int paying_shares(uint64_t bytes, double request_seconds);
 
 }  // namespace tensorizer

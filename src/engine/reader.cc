@@ -37,7 +37,6 @@ constexpr uint64_t kFirstReadBytes = 512 * 1024;
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
 constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
 constexpr uint64_t kStreamedItemBytes = 4ull << 20;  // item size of loads streamed per worker
-constexpr double kShareBytesPerRequestSecond = 1e9;  // see LoadJob::paying_shares()
 
 std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr(0, 200); }
 
@@ -390,17 +389,11 @@ class LoadJob {
 
   // ---- Streamed loads: one long read per worker, idle workers steal the tail of the largest ---
 
-  // How many long reads pay for themselves: each share should carry at least
-  // kShareBytesPerRequestSecond bytes per second the open's first (small) read took, i.e. stream
-  // for about four of those waits at 250 MB/s, a single connection's pace on real object stores.
-  // Loopback nginx (a wait under a millisecond) gets every worker; moto, whose every request
-  // copies the whole object first (a wait of 0.3 s or more), gets one or two.
+  // How many long reads pay for themselves, from what the open's first read took (worker_pool.h).
   int paying_shares() const {
     uint64_t total = 0;
     for (const auto& it : items_) total += it.length;
-    const double per_share = r_.first_read_s * kShareBytesPerRequestSecond;
-    if (per_share <= 0) return std::numeric_limits<int>::max();
-    return static_cast<int>(std::clamp(static_cast<double>(total) / per_share, 1.0, 1e6));
+    return tensorizer::paying_shares(total, r_.first_read_s);
   }
 
   // A worker's items still to read: [begin, end). `begin` moves past an item as soon as any of its

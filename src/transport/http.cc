@@ -458,6 +458,12 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->cache_status;
   }
+  std::string version() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return !s_->etag.empty()            ? "etag " + s_->etag
+           : !s_->last_modified.empty() ? "last-modified " + s_->last_modified
+                                        : "";
+  }
 
  private:
   // First contact: `Range: bytes=0-0` gives the size (Content-Range total, or the whole body's

@@ -1,6 +1,6 @@
 // URI dispatch: picks the transport for a path or URI. The one place that knows every scheme: one
-// row per scheme says how to open a source and a sink, and what the sink accepts. Also the
-// environment's say in transport options (seconds_from_env).
+// row per scheme says how to open a source and a sink, what the sink accepts and whether the
+// local cache may keep its objects. Also the environment's say in transport options (*_from_env).
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "tensorizer/error.h"
+#include "transport/cache.h"
 #include "transport/file.h"
 #include "transport/http.h"
 #include "transport/redis.h"
@@ -26,6 +27,7 @@ struct Scheme {
   SourceOpener open_source;
   SinkOpener open_sink;   // null: read-only
   bool sink_takes_bytes;  // false: the sink stores named parts (Sink::wants_parts)
+  bool cacheable;         // remote objects with versions: CacheOptions applies to their sources
 };
 
 std::unique_ptr<Source> open_http(const std::string& uri, const TransportOptions& options) {
@@ -47,9 +49,9 @@ const Scheme kSchemes[] = {
      [](const std::string& uri, const TransportOptions& o) {
        return open_file_sink(uri.substr(7), o.file);
      },
-     true},
-    {"http", open_http, nullptr, false},
-    {"https", open_http, nullptr, false},
+     true, false},
+    {"http", open_http, nullptr, false, true},
+    {"https", open_http, nullptr, false, true},
     {"s3",
      [](const std::string& uri, const TransportOptions& o) {
        return open_s3_source(uri, o.s3, o.http, o.retry);
@@ -57,7 +59,7 @@ const Scheme kSchemes[] = {
      [](const std::string& uri, const TransportOptions& o) {
        return open_s3_sink(uri, o.s3, o.http, o.retry);
      },
-     true},
+     true, true},
     {"redis",
      [](const std::string& uri, const TransportOptions& o) {
        return open_redis_source(uri, o.retry);
@@ -65,7 +67,7 @@ const Scheme kSchemes[] = {
      [](const std::string& uri, const TransportOptions& o) {
        return open_redis_sink(uri, o.retry);
      },
-     false},
+     false, false},
 };
 
 // The scheme of `uri` in lower case; "" for a plain path.
@@ -97,7 +99,10 @@ std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptio
   if (scheme.empty()) return open_file_source(uri);
   const Scheme* s = find_scheme(scheme);
   if (!s) unsupported(scheme, uri, "read");
-  return s->open_source(uri, options);
+  std::unique_ptr<Source> source = s->open_source(uri, options);
+  if (s->cacheable && !options.cache.dir.empty())
+    return open_cached_source(std::move(source), options.cache);
+  return source;
 }
 
 std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options) {
@@ -111,16 +116,36 @@ std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& 
   return s->open_sink(uri, options);
 }
 
-double seconds_from_env(const char* name, double fallback) {
+namespace {
+
+// `$name` as a finite number > 0 of `unit`s, or `fallback` when unset or empty.
+double positive_from_env(const char* name, double fallback, const char* unit) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
   errno = 0;
-  const double seconds = std::strtod(v, &end);
-  if (errno || *end || !std::isfinite(seconds) || seconds <= 0)
+  const double x = std::strtod(v, &end);
+  if (errno || *end || !std::isfinite(x) || x <= 0)
     fail(ErrorCode::kInvalidArgument,
-         std::string(name) + " must be a number of seconds greater than 0, not '" + v + "'");
-  return seconds;
+         std::string(name) + " must be a number of " + unit + " greater than 0, not '" + v + "'");
+  return x;
+}
+
+}  // namespace
+
+double seconds_from_env(const char* name, double fallback) {
+  return positive_from_env(name, fallback, "seconds");
+}
+
+uint64_t gib_from_env(const char* name) {
+  const double gib = positive_from_env(name, 0, "GiB");
+  if (gib >= 1e9) fail(ErrorCode::kInvalidArgument, std::string(name) + " is too large");
+  return static_cast<uint64_t>(gib * static_cast<double>(1ull << 30));
+}
+
+std::string string_from_env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
 }
 
 std::optional<TransportInfo> transport_info(const std::string& uri) {
