@@ -93,16 +93,18 @@ class PyReader {
                      [](Reader& r, const auto& dests, const auto& opt) { r.load(dests, opt); });
   }
 
-  // Reads `size` bytes of entry `index` from `offset` into `address` (Reader::read_range).
-  void read_range(size_t index, uint64_t offset, uint64_t size, uintptr_t address,
-                  int num_workers) {
+  // Reads `runs` runs of `run_bytes` of entry `index`, the first `offset` bytes in and `stride`
+  // apart, packed into `address` (Reader::read_strided).
+  void read_strided(size_t index, uint64_t offset, uint64_t run_bytes, uint64_t stride,
+                    uint64_t runs, uintptr_t address, int num_workers) {
     tensorizer::LoadOptions opt;
     opt.num_workers = num_workers;
     Reader& r = get();
     interruptible(
         [&] {
           std::lock_guard<std::mutex> lock(mu_);
-          r.read_range(index, offset, size, reinterpret_cast<void*>(address), opt);
+          r.read_strided(index, {offset, run_bytes, stride, runs}, reinterpret_cast<void*>(address),
+                         opt);
         },
         deadline_);
   }
@@ -324,9 +326,11 @@ void register_reader(nb::module_& m) {
       .def("load_staged", &PyReader::load_staged, nb::arg("indices"), nb::arg("addresses"),
            nb::arg("device"), nb::arg("num_workers") = 0, nb::arg("verify_hash") = false,
            nb::arg("ring_bytes") = 0, nb::arg("cudart") = "")
-      .def("read_range", &PyReader::read_range, nb::arg("index"), nb::arg("offset"),
-           nb::arg("size"), nb::arg("address"), nb::arg("num_workers") = 0,
-           "Reads only bytes [offset, offset + size) of one tensor (no hash check).")
+      .def("read_strided", &PyReader::read_strided, nb::arg("index"), nb::arg("offset"),
+           nb::arg("run_bytes"), nb::arg("stride"), nb::arg("runs"), nb::arg("address"),
+           nb::arg("num_workers") = 0,
+           "Reads only `runs` runs of `run_bytes` of one tensor, from byte `offset`, `stride` "
+           "apart, packed (no hash check).")
       .def("load_host", &PyReader::load_host, nb::arg("indices"), nb::arg("num_workers") = 0,
            nb::arg("verify_hash") = false, nb::arg("route") = "auto")
       .def("read_raw", &PyReader::read_raw, nb::arg("offset"), nb::arg("size"))

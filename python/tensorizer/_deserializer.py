@@ -49,6 +49,23 @@ from ._gc import _gc_paused
 from ._redis_copy import copy_to_redis
 
 FilterFuncType = Callable[[Union[str, Sequence[Union[str, int]]]], Any]
+# Names (as filter_func gets them) to the index of the part to load; see TensorDeserializer.
+SlicePlan = Union[typing.Mapping[Any, Any], Callable[[Any, List[int]], Any]]
+
+
+def _slice_plan(records: Dict[TensorPath, Any], plan: Optional[SlicePlan]) -> Dict[TensorPath, Any]:
+    """The index each record's plan entry names (records the plan leaves whole are absent)."""
+    if plan is None:
+        return {}
+    if not callable(plan) and not isinstance(plan, collections.abc.Mapping):
+        raise TypeError(f"slice_plan: expected a mapping or a callable, got {plan.__class__.__name__}")
+    out = {}
+    for path, record in records.items():
+        name = path.normalize_()
+        index = plan(name, list(record.entry.shape)) if callable(plan) else plan.get(name)
+        if index is not None:
+            out[path] = index
+    return out
 
 
 def _resolve_cuda_device() -> torch.device:
@@ -140,6 +157,14 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             download however many processes ask at once), a hit loads the local copy as a
             local file. None: ``TENSORIZER_CACHE_DIR`` if set, else no cache;
             ``TENSORIZER_CACHE_MAX_GIB`` bounds its size (least recently used entries go).
+        slice_plan: which part of each tensor to load (an extension of the reference API), for
+            tensor-parallel ranks: a mapping from name to an index (``{"w": (slice(None),
+            slice(0, 512))}``), or a callable ``(name, shape) -> index or None``; None (or a
+            name the mapping lacks) loads the whole tensor. An index of ints and slices reads
+            only the selected block's bytes (a block of rows in one request, a block of
+            columns as strided runs); ``tensorizer.distributed.row_parallel`` and
+            ``column_parallel`` build plans for one rank of N. With ``verify_hash=True`` the
+            whole tensor is loaded and checked, then cut.
 
     Ctrl-C during construction or a load raises KeyboardInterrupt within a fraction of a second,
     after the engine has stopped its workers and closed its connections.
@@ -164,6 +189,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         deadline: Optional[float] = None,
         cast_within_kind: bool = False,
         cache_dir: Optional[Union[str, os.PathLike]] = None,
+        slice_plan: Optional[SlicePlan] = None,
     ):
         del plaid_mode, plaid_mode_buffers  # accepted for compatibility; the engine stages every CUDA load
         self._reader = None
@@ -228,9 +254,9 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self.read_bytes = 0
 
         with _gc_paused():
-            self._index_and_load(reader, filter_func)
+            self._index_and_load(reader, filter_func, slice_plan)
 
-    def _index_and_load(self, reader, filter_func) -> None:
+    def _index_and_load(self, reader, filter_func, slice_plan) -> None:
         """Builds the records of every entry (filtered), then loads them unless lazy."""
         self._records: Dict[TensorPath, _Record] = {}
         for i, e in enumerate(reader.entries()):
@@ -251,6 +277,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             self._records[path] = _Record(i, entry, _dtypes.parse(e.dtype), e.expected_bytes)
         if filter_func is not None:
             self._records = {p: r for p, r in self._records.items() if filter_func(p.normalize_())}
+        self._plan: Dict[TensorPath, Any] = _slice_plan(self._records, slice_plan)
         self._metadata: Dict[TensorPath, TensorEntry] = {p: r.entry for p, r in self._records.items()}
         self._order: Dict[TensorPath, int] = {p: k for k, p in enumerate(self._records)}
         self._structure = _tensor_path.build_tree(list(self._records))
@@ -327,6 +354,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         `into`: existing tensors (see _in_place_targets) that uncached paths load into."""
         with self._lock, _gc_paused():
             missing = [p for p in paths if p not in self._cache]
+            self._load_planned([p for p in missing if p in self._plan])
+            missing = [p for p in missing if p not in self._plan]
             if missing:
                 verify = self._verify_hash if verify_hash is None else verify_hash
                 self._load_uncached(missing, verify, into or {})
@@ -439,9 +468,27 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
     def _can_read_ranges(self) -> bool:
         return not self._verify_hash and self._reader is not None and not self._reader.closed
 
-    def _read_range(self, index: int, offset: int, size: int, address: int) -> None:
+    def _read_strided(self, index: int, offset: int, run: int, stride: int, runs: int, address: int) -> None:
         with self._lock:
-            self._reader.read_range(index, offset, size, address, self._num_readers)
+            self._reader.read_strided(index, offset, run, stride, runs, address, self._num_readers)
+
+    def _whole(self, path: TensorPath) -> torch.Tensor:
+        """The whole tensor at `path` (placed), whatever a slice plan says: cached as usual when
+        the plan leaves it whole, loaded and dropped when the plan keeps only part of it."""
+        if path not in self._plan:
+            return self._bulk_load([path], None)[path].data
+        with self._lock, _gc_paused():
+            self._load_uncached([path], self._verify_hash, {})
+            return self._cache.pop(path).data
+
+    def _load_planned(self, paths: List[TensorPath]) -> None:
+        """Loads the part of each path its slice plan selects (reading only those bytes when no
+        hash check needs the whole tensor)."""
+        for path in paths:
+            part = _slices.TensorSlice(self, path)[self._plan[path]].contiguous()
+            grad = _dtypes.requires_grad(part.dtype)
+            self._cache[path] = torch.nn.Parameter(part, requires_grad=grad)
+            self._loaded_via[path] = "sliced"
 
     def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` (CPU, as stored) on this deserializer's device and dtype."""

@@ -777,55 +777,108 @@ void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const Loa
   }
 }
 
-void Reader::read_range(size_t entry, uint64_t offset, uint64_t size, void* dest,
-                        const LoadOptions& options) {
+namespace {
+
+// One request of a strided read: a contiguous range of the tensor's bytes and where each part of
+// it goes (nullptr: a gap between runs, read into scratch and dropped).
+struct StridedRequest {
+  uint64_t at = 0;  // offset into the tensor
+  std::vector<std::pair<uint8_t*, uint64_t>> parts;
+  uint64_t size = 0;
+};
+
+// Cuts the runs of `r` (landing packed at `out`) into requests of about `request_bytes`, each
+// spanning the gaps of at most `max_gap` bytes between its runs.
+std::vector<StridedRequest> plan_strided(const StridedRange& r, uint8_t* out,
+                                         uint64_t request_bytes, uint64_t max_gap) {
+  std::vector<StridedRequest> requests;
+  const uint64_t gap = r.runs > 1 ? r.stride - r.run_bytes : 0;
+  for (uint64_t i = 0; i < r.runs; ++i) {
+    uint64_t at = r.offset + i * r.stride, left = r.run_bytes;
+    uint8_t* dst = out + i * r.run_bytes;
+    StridedRequest* q = requests.empty() ? nullptr : &requests.back();
+    if (q && gap <= max_gap && q->size + gap < request_bytes) {  // read across the gap
+      if (gap) q->parts.emplace_back(nullptr, gap);
+      q->size += gap;
+    } else {
+      q = &requests.emplace_back(StridedRequest{at, {}, 0});
+    }
+    while (left > 0) {
+      if (q->size >= request_bytes) q = &requests.emplace_back(StridedRequest{at, {}, 0});
+      const uint64_t n = std::min(left, request_bytes - q->size);
+      q->parts.emplace_back(dst, n);
+      q->size += n;
+      at += n, dst += n, left -= n;
+    }
+  }
+  return requests;
+}
+
+}  // namespace
+
+void Reader::read_strided(size_t entry, const StridedRange& range, void* dest,
+                          const LoadOptions& options) {
   if (entry >= impl_->entries.size())
     fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
   const IndexEntry& e = impl_->entries[entry];
   if (options.verify_hash)
     fail(ErrorCode::kInvalidArgument,
          "stored hashes cover whole tensors: load tensor '" + shown_name(e) + "' to verify it");
-  if (offset > e.expected_bytes() || size > e.expected_bytes() - offset)
-    fail(ErrorCode::kInvalidArgument, "bytes [" + std::to_string(offset) + ", " +
-                                          std::to_string(offset + size) + ") are not in tensor '" +
-                                          shown_name(e) + "' (" +
-                                          std::to_string(e.expected_bytes()) + " bytes)");
+  const uint64_t total = e.expected_bytes(), run = range.run_bytes, runs = range.runs;
+  if (runs == 0 || run == 0) return;
+  bool inside = range.offset <= total && run <= total - range.offset;
+  if (inside && runs > 1)
+    inside = range.stride >= run && runs - 1 <= (total - range.offset - run) / range.stride;
+  if (!inside)
+    fail(ErrorCode::kInvalidArgument, std::to_string(runs) + " runs of " + std::to_string(run) +
+                                          " bytes from byte " + std::to_string(range.offset) +
+                                          ", " + std::to_string(range.stride) +
+                                          " apart, are not in tensor '" + shown_name(e) + "' (" +
+                                          std::to_string(total) + " bytes)");
+  const uint64_t span_end = range.offset + (runs - 1) * range.stride + run;
   auto* out = static_cast<uint8_t*>(dest);
-  if (size == 0) return;
-  if (e.is_meta()) return void(std::memset(out, 0, size));
+  if (e.is_meta()) return void(std::memset(out, 0, runs * run));
   try {
-    if (encrypted()) {
+    if (encrypted()) {  // whole chunks around the runs, decrypted, then the runs copied out
       read_header(entry);
       const LoadedTensorInfo& info = *loaded_info(entry);
       auto dec = crypto::TensorDecryptor::create(
           info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
           e.data_length, *impl_->decryption, impl_->key_cache);
       const uint64_t chunk = dec && dec->chunk_size() > 0 ? dec->chunk_size() : e.data_length;
-      const uint64_t first = offset / chunk * chunk,
-                     last = std::min(e.data_length, (offset + size + chunk - 1) / chunk * chunk);
+      const uint64_t first = range.offset / chunk * chunk,
+                     last = std::min(e.data_length, (span_end + chunk - 1) / chunk * chunk);
       std::string scratch(last - first, '\0');
       auto* bytes = reinterpret_cast<uint8_t*>(scratch.data());
       impl_->source->read_at(e.data_offset + first, bytes, scratch.size());
       decrypt_in_place(entry, first, bytes, scratch.size());
-      std::memcpy(out, bytes + (offset - first), size);
+      for (uint64_t i = 0; i < runs; ++i)
+        std::memcpy(out + i * run, bytes + (range.offset + i * range.stride - first), run);
       return;
     }
-    constexpr uint64_t kPiece = 8ull << 20;
-    const size_t pieces = static_cast<size_t>((size + kPiece - 1) / kPiece);
+    constexpr uint64_t kRequestBytes = 8ull << 20;
+    const uint64_t max_gap = impl_->source->local_fd() >= 0 ? 128ull << 10 : 4ull << 20;
+    const std::vector<StridedRequest> requests = plan_strided(range, out, kRequestBytes, max_gap);
     const int workers = std::max(
         1, std::min<int>(default_workers(options.num_workers, impl_->source->preferred_readers()),
-                         static_cast<int>(pieces)));
+                         static_cast<int>(std::min<size_t>(requests.size(), 1 << 20))));
     std::vector<std::unique_ptr<Source>> handles;
     for (int i = 1; i < workers; ++i) handles.push_back(impl_->source->clone());
-    parallel_for_workers(pieces, workers, [&](size_t k, int w) {
+    std::vector<std::unique_ptr<uint8_t[]>> gap_scratch(static_cast<size_t>(workers));
+    parallel_for_workers(requests.size(), workers, [&](size_t k, int w) {
       check_cancelled();
       Source& src = w == 0 ? *impl_->source : *handles[static_cast<size_t>(w) - 1];
-      const uint64_t at = k * kPiece, n = std::min(kPiece, size - at);
-      src.read_at(e.data_offset + offset + at, out + at, n);
+      std::unique_ptr<uint8_t[]>& junk = gap_scratch[static_cast<size_t>(w)];
+      std::vector<IoSlice> slices;
+      for (const auto& [dst, n] : requests[k].parts) {
+        if (!dst && !junk) junk.reset(new uint8_t[max_gap]);
+        slices.push_back({dst ? dst : junk.get(), static_cast<size_t>(n)});
+      }
+      src.read_scatter(e.data_offset + requests[k].at, slices.data(), slices.size());
     });
   } catch (const Error& err) {
     rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "' (bytes " +
-                                  std::to_string(offset) + " to " + std::to_string(offset + size) +
+                                  std::to_string(range.offset) + " to " + std::to_string(span_end) +
                                   ")");
   }
 }
