@@ -162,8 +162,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             slice(0, 512))}``), or a callable ``(name, shape) -> index or None``; None (or a
             name the mapping lacks) loads the whole tensor. An index of ints and slices reads
             only the selected block's bytes (a block of rows in one request, a block of
-            columns as strided runs); ``tensorizer.distributed.row_parallel`` and
-            ``column_parallel`` build plans for one rank of N. With ``verify_hash=True`` the
+            columns as strided runs); ``tensorizer.distributed.shard_plan(rank, world_size,
+            dim)`` builds the plan of one rank of N. With ``verify_hash=True`` the
             whole tensor is loaded and checked, then cut.
 
     Ctrl-C during construction or a load raises KeyboardInterrupt within a fraction of a second,

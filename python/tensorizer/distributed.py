@@ -9,6 +9,9 @@ every share was read (a rank whose read failed makes every rank raise, naming it
 share is broadcast from its reader. Each rank keeps what its slice plan selects of every tensor
 (whole tensors without a plan); with a plan, only one share's buffer is held at a time.
 
+Models saved already split use one file per rank, as vLLM writes and reads them:
+``save_per_rank("model-rank-%03d.tensors", shards)`` and ``rank_file(template, rank)``.
+
     torchrun --nproc-per-node 4 my_server.py      # in each rank:
     dist.init_process_group("gloo")
     state = cooperative_load("s3://bucket/model.tensors",
@@ -71,6 +74,43 @@ def shares_of(sizes: Sequence[int], world_size: int) -> List[Tuple[int, int]]:
         out.append((start, stop))
         start = stop
     return out
+
+
+def rank_file(template: str, rank: int) -> str:
+    """The file of rank `rank` named by a vLLM-style template (``"model-rank-%03d.tensors"``, a
+    path or a URI): the template with its one integer placeholder filled, as vLLM does with
+    ``tensorizer_uri % rank``."""
+    if not isinstance(template, str):
+        raise TypeError(f"template: expected str, got {template.__class__.__name__}")
+    try:
+        name = template % rank
+    except TypeError as e:
+        raise ValueError(f"{template!r} has no single integer placeholder (such as %03d) for the rank") from e
+    if name == template % (rank + 1):
+        raise ValueError(f"{template!r} does not name a different file per rank")
+    return name
+
+
+def save_per_rank(template: str, shards: Sequence[Any], **serializer_args: Any) -> List[str]:
+    """Writes one file per rank, ``rank_file(template, r)`` holding ``shards[r]`` (a state dict or
+    a module, as ``TensorSerializer`` takes them), the layout vLLM loads tensor-parallel models
+    from; returns the names written. In a distributed job, each rank can instead write its own:
+    ``save_per_rank(template, {rank: my_shard})``."""
+    from ._serializer import TensorSerializer
+
+    items = shards.items() if isinstance(shards, dict) else enumerate(shards)
+    written = []
+    for rank, shard in items:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"shards: expected a sequence or a mapping of rank (int) to shard, got key {rank!r}")
+        name = rank_file(template, rank)
+        with TensorSerializer(name, **serializer_args) as serializer:
+            if isinstance(shard, torch.nn.Module):
+                serializer.write_module(shard)
+            else:
+                serializer.write_state_dict(shard)
+        written.append(name)
+    return written
 
 
 class CooperativeLoad(dict):
@@ -158,7 +198,9 @@ def _views(flat: torch.Tensor, share: Sequence[Tuple[Any, Any]], offsets: List[i
     for (path, record), offset in zip(share, offsets):
         dtype = record.dtype.torch
         if dtype is None:
-            raise ValueError(f"tensor {path.normalize_()!r} has dtype {record.entry.dtype!r}, which names no torch dtype")
+            raise ValueError(
+                f"tensor {path.normalize_()!r} has dtype {record.entry.dtype!r}, which names no torch dtype"
+            )
         out[path] = flat[offset : offset + record.expected_bytes].view(dtype).view(list(record.entry.shape))
     return out
 

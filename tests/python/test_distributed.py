@@ -1,9 +1,10 @@
-"""Cooperative loads (tensorizer.distributed.cooperative_load) with real torch.distributed process
-groups (gloo over loopback, 2 and 4 ranks, one spawned process each): every rank ends with
-bit-exact tensors (whole, or the block its shard plan selects) while reading only its share of the
-bytes (counted by the engine), from a local file and over HTTP through the fault proxy dropping
-connections; a rank whose read fails makes every rank raise naming it, and a rank that dies makes
-the others raise within the group's timeout instead of hanging."""
+"""Per-rank files as vLLM names them (save_per_rank, rank_file: each rank reads only its own file,
+counted in nginx's access log), and cooperative loads (tensorizer.distributed.cooperative_load) with
+real torch.distributed process groups (gloo over loopback, 2 and 4 ranks, one spawned process each):
+every rank ends with bit-exact tensors (whole, or the block its shard plan selects) while reading
+only its share of the bytes (counted by the engine), from a local file and over HTTP through the
+fault proxy dropping connections; a rank whose read fails makes every rank raise naming it, and a
+rank that dies makes the others raise within the group's timeout instead of hanging."""
 
 import hashlib
 import multiprocessing
@@ -186,3 +187,36 @@ def test_a_rank_that_dies_makes_the_others_raise_within_the_timeout(tmp_path):
     outcome, message, seconds = reports[0]
     assert outcome == "error", message
     assert seconds < TIMEOUT_S + 30
+
+
+def test_per_rank_files_are_written_and_each_rank_reads_only_its_own():
+    from tensorizer import TensorDeserializer, stream_io
+    from tensorizer.distributed import rank_file, save_per_rank, shard_plan
+
+    url, root, log = server_env("TZ_TEST_HTTP_URL", "TZ_TEST_HTTP_ROOT", "TZ_TEST_HTTP_ACCESS_LOG")
+    stem = f"tp-{uuid.uuid4().hex}"
+    full = model()
+    shards = []
+    for rank in range(3):
+        plan = shard_plan(rank, 3, dim=0)
+        shards.append(
+            {n: (t if plan(n, list(t.shape)) is None else t[plan(n, list(t.shape))]).clone() for n, t in full.items()}
+        )
+    written = save_per_rank(os.path.join(root, stem + "-rank-%03d.tensors"), shards)
+    try:
+        assert [os.path.basename(w) for w in written] == [f"{stem}-rank-{r:03d}.tensors" for r in range(3)]
+        template = f"{url}/{stem}-rank-%03d.tensors"
+        with stream_io.open_stream(rank_file(template, 1)) as f:  # the way vLLM opens its rank's file
+            with TensorDeserializer(f, device="cpu") as d:
+                assert {n: digest(t) for n, t in d.items()} == {n: digest(t) for n, t in shards[1].items()}
+        with open(log) as f:
+            requested = [line for line in f if stem in line]
+        assert requested and all(f"{stem}-rank-001.tensors" in line for line in requested)
+    finally:
+        for w in written:
+            os.unlink(w)
+    for bad in ("model.tensors", "model-%d-%d.tensors", "model-%%.tensors"):
+        with pytest.raises(ValueError):
+            rank_file(bad, 0)
+    with pytest.raises(TypeError):
+        save_per_rank("m-%d.tensors", {"w": torch.zeros(1)})

@@ -93,7 +93,9 @@ def test_shard_plans_of_every_rank_put_the_whole_back_together(tmp_path, world, 
             continue
         assert torch.equal(torch.cat([p[name] for p in parts], dim=dim), t), name
         d = dim % t.dim()
-        assert [p[name].shape[d] for p in parts] == [b - a for a, b in (split_bounds(t.shape[d], world, r) for r in range(world))]
+        assert [p[name].shape[d] for p in parts] == [
+            b - a for a, b in (split_bounds(t.shape[d], world, r) for r in range(world))
+        ]
 
 
 def test_split_bounds_follow_tensor_split():
