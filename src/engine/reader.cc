@@ -97,7 +97,7 @@ struct Reader::Impl {
   crypto::KeyCache key_cache;
   std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
   std::atomic<uint64_t> bytes_read_elsewhere{0};  // by mapped and direct loads
-  double first_read_s = 0;  // how long the open's first read took: what one request costs
+  double first_read_s = 0;  // how long the open's first contact took: what one request costs
 };
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -111,12 +111,14 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
   auto impl = std::make_unique<Impl>();
   const std::string uri = source->uri();
   try {
+    // The first contact (HTTP: the probe, which brings the first 512 KiB too) and the first read,
+    // timed together: what one request costs.
+    const auto asked = std::chrono::steady_clock::now();
     const uint64_t size = source->size();
     if (size < kMagicSize)
       fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
     const uint64_t first = source->local_fd() >= 0 ? kPreludeSize : kFirstReadBytes;
     std::string head(std::min(size, first), '\0');
-    const auto asked = std::chrono::steady_clock::now();
     source->read_at(0, head.data(), head.size());
     impl->first_read_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();

@@ -29,6 +29,7 @@ using net::CurlEasy;
 using net::ResponseMeta;
 
 constexpr size_t kMaxErrorBody = 8192;
+constexpr size_t kHeadBytes = 512 * 1024;  // what the probe asks for (see HttpSource::probe)
 
 // Outcome of one request, for the retry loop.
 struct Attempt {
@@ -58,6 +59,7 @@ struct Shared {
   bool ranges = true;
   std::string etag, last_modified;
   std::optional<std::string> cache_status;  // of the first response
+  std::string head;  // the object's first bytes, from the probe (servers that honour Range)
   std::atomic<uint64_t> bytes_read{0};
   std::mutex stream_mu;                  // serialises reads through the cursor
   std::unique_ptr<StreamCursor> cursor;  // for servers that ignore Range
@@ -413,6 +415,12 @@ class HttpSource final : public Source {
     uint64_t total;
     std::vector<IoSlice> rest = slices_within(offset, slices, count, s_->size, uri(), total);
     if (total == 0) return;
+    if (offset + total <= s_->head.size()) {  // what the probe brought: no request
+      const char* from = s_->head.data() + offset;
+      for (const IoSlice& sl : rest) std::memcpy(sl.data, from, sl.size), from += sl.size;
+      s_->bytes_read += total;
+      return;
+    }
     bool ranges;
     {
       std::lock_guard<std::mutex> lock(s_->mu);
@@ -466,16 +474,18 @@ class HttpSource final : public Source {
   }
 
  private:
-  // First contact: `Range: bytes=0-0` gives the size (Content-Range total, or the whole body's
-  // Content-Length when ranges are ignored), range support and the ETag, in one request.
+  // First contact: `Range: bytes=0-524287` gives the size (Content-Range total, or the whole
+  // body's Content-Length when ranges are ignored), range support and the ETag, and the object's
+  // first bytes, which a reader's open reads next (the prelude and a reference-sized index), all
+  // in one request: later reads within them need none.
   void probe() {
     {
       std::lock_guard<std::mutex> lock(s_->mu);
       if (s_->probed) return;
     }
-    char byte;
-    std::vector<IoSlice> one{{&byte, 1}};
-    fetch(0, one, 1, /*probe=*/true);
+    std::string head(kHeadBytes, '\0');
+    std::vector<IoSlice> slices{{head.data(), head.size()}};
+    fetch(0, slices, head.size(), /*probe=*/true);
   }
 
   // Reads [offset, offset+total) into `slices`, retrying from the first missing byte; returns the
@@ -508,9 +518,9 @@ class HttpSource final : public Source {
       a.code = h.perform();
       curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
 
-      if (probe && a.meta.complete && handle_probe(a)) {
+      if (probe && a.meta.complete && handle_probe(a, slices[0].data)) {
         s_->give(std::move(h));
-        return 1;
+        return a.delivered;
       }
       if (t.error) std::rethrow_exception(t.error);  // the connection is dropped with the handle
       if (t.stopped) {
@@ -621,8 +631,9 @@ class HttpSource final : public Source {
     }
   }
 
-  // Handles the first response; true when it settled the object's size.
-  bool handle_probe(const Attempt& a) {
+  // Handles the first response, whose body landed at `body`; true when it settled the object's
+  // size. Keeps the body as the object's head when it is the whole range asked for.
+  bool handle_probe(const Attempt& a, const void* body) {
     const ResponseMeta& m = a.meta;
     std::lock_guard<std::mutex> lock(s_->mu);
     if (s_->probed) return true;
@@ -641,6 +652,8 @@ class HttpSource final : public Source {
     s_->etag = m.etag;
     s_->last_modified = m.last_modified;
     s_->cache_status = m.cache_status;
+    if (m.status == 206 && a.delivered == std::min<uint64_t>(kHeadBytes, s_->size))
+      s_->head.assign(static_cast<const char*>(body), a.delivered);
     s_->probed = true;
     return true;
   }

@@ -69,13 +69,14 @@ def test_second_load_reads_the_local_copy(served, tmp_path):
     cache = tmp_path / "cache"
     with TensorDeserializer(url, device="cpu", cache_dir=cache) as d:
         expect_equal(d, sd)
-    assert body_bytes(log, name) == size + 1  # the probe's byte, then the object once
+    probe = min(size, 512 << 10)  # every open's probe brings the first 512 KiB
+    assert body_bytes(log, name) == size + probe  # the probe, then the object once
     assert [f.stat().st_size for f in cache.glob("*.tensors")] == [size]
 
     with TensorDeserializer(url, device="cpu", cache_dir=cache) as d:
         expect_equal(d, sd)
         assert set(d._loaded_via.values()) == {"mapped"}  # page-cache pages of the local copy
-    assert body_bytes(log, name) == size + 2  # only the second probe
+    assert body_bytes(log, name) == size + 2 * probe  # only the second probe
 
 
 def test_environment_variable_and_a_rewritten_object(served, tmp_path, monkeypatch):
@@ -89,7 +90,7 @@ def test_environment_variable_and_a_rewritten_object(served, tmp_path, monkeypat
     before = body_bytes(log, name)
     with TensorDeserializer(url, device="cpu") as d:
         expect_equal(d, state_dict(2))
-    assert body_bytes(log, name) - before == os.path.getsize(path) + 1
+    assert body_bytes(log, name) - before == os.path.getsize(path) + min(os.path.getsize(path), 512 << 10)
     assert len(list((tmp_path / "cache").glob("*.tensors"))) == 1
 
 
