@@ -56,3 +56,7 @@ else
 fi
 
 "$VENV/bin/python" bench/bench.py --ref-python "$REF_PY" "${OURS_FLAG[@]}" ${BENCH_ARGS:-}
+# Scale-out: 1, 2 and 4 ranks loading one file over a bandwidth-capped HTTP proxy (bench/scaleout.py).
+if [ -z "${BENCH_SKIP_SCALEOUT:-}" ] && [ ${#OURS_FLAG[@]} -eq 0 ]; then
+  "$VENV/bin/python" bench/scaleout.py
+fi

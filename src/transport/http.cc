@@ -29,7 +29,8 @@ using net::CurlEasy;
 using net::ResponseMeta;
 
 constexpr size_t kMaxErrorBody = 8192;
-constexpr size_t kHeadBytes = 512 * 1024;  // what the probe asks for (see HttpSource::probe)
+constexpr size_t kHeadBytes = 512 * 1024;    // what the probe asks for (see HttpSource::probe)
+constexpr uint64_t kWholeGetSkip = 2 << 20;  // see HttpSource::whole_object_get
 
 // Outcome of one request, for the retry loop.
 struct Attempt {
@@ -88,6 +89,7 @@ struct Transfer {
   uint64_t request_first;  // absolute offset of the first byte asked for
   uint64_t want;           // bytes asked for
   uint64_t skip = 0;       // bytes to discard first (server ignored the Range)
+  bool unranged = false;   // asked for the whole object on purpose (see whole_object_get)
   bool checked = false;    // headers validated
   bool body_ok = false;    // a 2xx body we are consuming
   // destination
@@ -148,10 +150,10 @@ bool check_response(Transfer& t) {
       return false;
     }
   } else {
-    // 200: the whole object from byte 0, whatever Range said.
+    // 200: the whole object from byte 0, whatever Range said (or as asked).
     t.skip = t.request_first;
     std::lock_guard<std::mutex> lock(s.mu);
-    s.ranges = false;
+    if (!t.unranged) s.ranges = false;
   }
   t.body_ok = true;
   return true;
@@ -488,6 +490,15 @@ class HttpSource final : public Source {
     fetch(0, slices, head.size(), /*probe=*/true);
   }
 
+  // Whether a read of [first, first+n) is asked for as the whole object, its first bytes dropped:
+  // when it runs to the end from within the first kWholeGetSkip bytes (a load streamed by one
+  // reader). Costs at most that many bytes more, and saves the servers whose ranged responses
+  // cost more than whole ones (moto copies the object for each range and slices it).
+  bool whole_object_get(uint64_t first, uint64_t n) const {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->ranges && first <= kWholeGetSkip && first + n == s_->size;
+  }
+
   // Reads [offset, offset+total) into `slices`, retrying from the first missing byte; returns the
   // bytes delivered (all of them, unless `budget` stopped the read).
   uint64_t fetch(uint64_t offset, std::vector<IoSlice>& slices, uint64_t total, bool probe,
@@ -506,8 +517,11 @@ class HttpSource final : public Source {
       t.budget = budget;
       t.stream_done = done;
       net::CurlHeaders headers;
-      std::vector<std::string> extra = {"Range: bytes=" + std::to_string(offset + done) + "-" +
-                                        std::to_string(offset + total - 1)};
+      std::vector<std::string> extra;
+      t.unranged = !probe && whole_object_get(offset + done, total - done);
+      if (!t.unranged)
+        extra.push_back("Range: bytes=" + std::to_string(offset + done) + "-" +
+                        std::to_string(offset + total - 1));
       if (std::string v = validator(); !v.empty()) extra.push_back(std::move(v));
       net::prepare_request(h.get(), s_->target, s_->http, opt, headers, extra);
       curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);

@@ -14,6 +14,8 @@ connections pass through untouched. Bytes are counted on the server-to-client di
   refuse          close the connection at once, before any byte
 
 Example: --actions "drop:1000-5000000x20" drops the first 20 connections at random offsets.
+--rate B caps every connection at B bytes per second (server to client), as a per-connection
+bandwidth limit of a remote store would (the scale-out benchmark uses it).
 Random offsets come from --seed. Every connection appends one line to --log:
 `<n> <action> <bytes forwarded> <outcome>`, where outcome is `faulted` when the fault fired.
 The listening port is written to --port-file once the proxy accepts connections.
@@ -48,11 +50,12 @@ def parse_actions(text, rng):
 
 
 class Proxy:
-    def __init__(self, upstream, actions, log_path):
+    def __init__(self, upstream, actions, log_path, rate=0):
         host, _, port = upstream.rpartition(":")
         self.upstream = (host, int(port))
         self.actions = actions
         self.log_path = log_path
+        self.rate = rate  # bytes per second per connection, server to client; 0 = no cap
         self.count = 0
 
     def log(self, n, action, sent, outcome):
@@ -105,8 +108,15 @@ class Proxy:
         self.log(n, action, state["sent"], "faulted" if state["faulted"] else "completed")
 
     async def downstream(self, up_reader, writer, kind, limit, state):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        piece = 256 * 1024 if not self.rate else max(4096, min(256 * 1024, self.rate // 50))
         while True:
-            data = await up_reader.read(256 * 1024)
+            if self.rate:  # pace this connection: never ahead of rate x elapsed
+                ahead = state["sent"] / self.rate - (loop.time() - start)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            data = await up_reader.read(piece)
             if not data:
                 writer.write_eof() if writer.can_write_eof() else None
                 return
@@ -160,8 +170,9 @@ async def main():
     ap.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free one)")
     ap.add_argument("--port-file", help="where to write the listening port")
     ap.add_argument("--log", help="append one line per connection here")
+    ap.add_argument("--rate", type=int, default=0, help="cap each connection at this many bytes/s (0: none)")
     args = ap.parse_args()
-    proxy = Proxy(args.upstream, parse_actions(args.actions, random.Random(args.seed)), args.log)
+    proxy = Proxy(args.upstream, parse_actions(args.actions, random.Random(args.seed)), args.log, args.rate)
     server = await asyncio.start_server(proxy.handle, "127.0.0.1", args.port)
     port = server.sockets[0].getsockname()[1]
     if args.port_file:
