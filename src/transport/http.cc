@@ -490,13 +490,15 @@ class HttpSource final : public Source {
     fetch(0, slices, head.size(), /*probe=*/true);
   }
 
-  // Whether a read of [first, first+n) is asked for as the whole object, its first bytes dropped:
-  // when it runs to the end from within the first kWholeGetSkip bytes (a load streamed by one
-  // reader). Costs at most that many bytes more, and saves the servers whose ranged responses
-  // cost more than whole ones (moto copies the object for each range and slices it).
+  // Whether a read of [first, first+n) is asked for as the whole object, its first bytes dropped
+  // and the transfer ended after its last: when it misses at most kWholeGetSkip bytes at either
+  // end (a load streamed by one reader). Costs at most that many bytes more at each end, and saves
+  // the servers whose ranged responses cost more than whole ones (moto copies the object for each
+  // range and slices it). Only a first attempt: a retry resumes with a range, so that a connection
+  // dropped early still makes progress.
   bool whole_object_get(uint64_t first, uint64_t n) const {
     std::lock_guard<std::mutex> lock(s_->mu);
-    return s_->ranges && first <= kWholeGetSkip && first + n == s_->size;
+    return s_->ranges && first <= kWholeGetSkip && s_->size - (first + n) <= kWholeGetSkip;
   }
 
   // Reads [offset, offset+total) into `slices`, retrying from the first missing byte; returns the
@@ -518,7 +520,7 @@ class HttpSource final : public Source {
       t.stream_done = done;
       net::CurlHeaders headers;
       std::vector<std::string> extra;
-      t.unranged = !probe && whole_object_get(offset + done, total - done);
+      t.unranged = !probe && done == 0 && failures == 0 && whole_object_get(offset, total);
       if (!t.unranged)
         extra.push_back("Range: bytes=" + std::to_string(offset + done) + "-" +
                         std::to_string(offset + total - 1));

@@ -224,6 +224,17 @@ size_t requests_for(const std::string& log, const std::string& name) {
   return n;
 }
 
+// The status of the last request for `name` in nginx's access log ("combined" format).
+int last_status_for(const std::string& log, const std::string& name) {
+  std::ifstream in(log);
+  int status = 0;
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("/" + name + " ");
+    if (at != line.npos) status = std::atoi(line.c_str() + line.find('"', at) + 2);
+  }
+  return status;
+}
+
 TEST(TransportHttpTest, ALoadCostsOneRangedGetPerWorker) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
   TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
@@ -249,6 +260,10 @@ TEST(TransportHttpTest, ALoadCostsOneRangedGetPerWorker) {
     const size_t load_requests = requests_for(log, name) - 1;
     if (workers == 1) {
       EXPECT_EQ(load_requests, 1u);
+      // It runs from the end of the index to the end of the object: asked as the whole object.
+      EXPECT_EQ(last_status_for(log, name), 200);
+    } else {
+      EXPECT_EQ(last_status_for(log, name), 206);
     }
     EXPECT_GE(load_requests, static_cast<size_t>(workers));
     EXPECT_LE(load_requests, static_cast<size_t>(workers) + 17);
