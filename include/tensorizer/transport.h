@@ -91,6 +91,35 @@ class Source {
   }
 };
 
+// A Source that forwards every call to another one, which it shares: another handle on an open
+// source (clone() gives the inner source's clones), and the base of decorators, which override
+// what they change.
+class ForwardingSource : public Source {
+ public:
+  explicit ForwardingSource(std::shared_ptr<Source> inner) : inner_(std::move(inner)) {}
+  uint64_t size() override { return inner_->size(); }
+  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
+    inner_->read_scatter(offset, slices, count);
+  }
+  uint64_t read_stream(uint64_t offset, const IoSlice* slices, size_t count,
+                       StreamBudget& budget) override {
+    return inner_->read_stream(offset, slices, count, budget);
+  }
+  bool prefers_long_reads() const override { return inner_->prefers_long_reads(); }
+  std::unique_ptr<Source> clone() override { return inner_->clone(); }
+  const std::string& uri() const override { return inner_->uri(); }
+  uint64_t bytes_read() const override { return inner_->bytes_read(); }
+  int preferred_readers() const override { return inner_->preferred_readers(); }
+  uint64_t preferred_read_bytes() const override { return inner_->preferred_read_bytes(); }
+  int local_fd() const override { return inner_->local_fd(); }
+  bool versioned() const override { return inner_->versioned(); }
+  std::optional<std::string> cache_status() const override { return inner_->cache_status(); }
+  std::string version() const override { return inner_->version(); }
+
+ protected:
+  std::shared_ptr<Source> inner_;
+};
+
 class Sink {
  public:
   virtual ~Sink() = default;

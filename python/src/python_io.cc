@@ -58,28 +58,6 @@ std::string python_failure(const char* unexpected, Body&& body) {
   return "";
 }
 
-// A Source over a shared engine Source (a stream's), so a Reader can own "its" source while the
-// stream keeps working.
-class SharedSource final : public tensorizer::Source {
- public:
-  explicit SharedSource(std::shared_ptr<tensorizer::Source> s) : s_(std::move(s)) {}
-  uint64_t size() override { return s_->size(); }
-  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
-    s_->read_scatter(offset, slices, count);
-  }
-  std::unique_ptr<Source> clone() override { return s_->clone(); }
-  const std::string& uri() const override { return s_->uri(); }
-  uint64_t bytes_read() const override { return s_->bytes_read(); }
-  bool versioned() const override { return s_->versioned(); }
-  int preferred_readers() const override { return s_->preferred_readers(); }
-  uint64_t preferred_read_bytes() const override { return s_->preferred_read_bytes(); }
-  int local_fd() const override { return s_->local_fd(); }
-  std::optional<std::string> cache_status() const override { return s_->cache_status(); }
-
- private:
-  std::shared_ptr<tensorizer::Source> s_;
-};
-
 // A seekable Python file object, read with seek + readinto (read where it has no readinto).
 class PyFileSource final : public tensorizer::Source {
   struct State {
@@ -308,8 +286,9 @@ std::unique_ptr<tensorizer::Source> open_uri(const std::string& uri,
 
 std::unique_ptr<tensorizer::Source> source_from_python(
     nb::handle obj, const tensorizer::TransportOptions& transport) {
+  // A stream's engine source, shared: the Reader owns "its" source while the stream keeps working.
   if (std::shared_ptr<tensorizer::Source> shared = engine_source_of(obj))
-    return std::make_unique<SharedSource>(std::move(shared));
+    return std::make_unique<tensorizer::ForwardingSource>(std::move(shared));
   if (nb::isinstance<nb::str>(obj)) return open_uri(nb::cast<std::string>(obj), transport);
   if (std::optional<std::string> path = fs_path(obj)) return open_uri(local_uri(*path), transport);
   if (is_int(obj))

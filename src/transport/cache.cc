@@ -208,25 +208,20 @@ void evict(const std::string& dir, const std::string& uri_hex, const std::string
 
 // The local file of an entry, named for messages after the remote object, with what a caching
 // proxy in front of it said to the probe.
-class CachedSource final : public Source {
+class CachedSource final : public ForwardingSource {
  public:
-  CachedSource(std::unique_ptr<Source> local, std::string uri,
+  CachedSource(std::shared_ptr<Source> local, std::string uri,
                std::optional<std::string> proxy_status)
-      : local_(std::move(local)), uri_(std::move(uri)), proxy_status_(std::move(proxy_status)) {}
-  uint64_t size() override { return local_->size(); }
-  void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
-    local_->read_scatter(offset, slices, count);
-  }
+      : ForwardingSource(std::move(local)),
+        uri_(std::move(uri)),
+        proxy_status_(std::move(proxy_status)) {}
   std::unique_ptr<Source> clone() override {
-    return std::make_unique<CachedSource>(local_->clone(), uri_, proxy_status_);
+    return std::make_unique<CachedSource>(inner_->clone(), uri_, proxy_status_);
   }
   const std::string& uri() const override { return uri_; }
-  uint64_t bytes_read() const override { return local_->bytes_read(); }
-  int local_fd() const override { return local_->local_fd(); }
   std::optional<std::string> cache_status() const override { return proxy_status_; }
 
  private:
-  std::unique_ptr<Source> local_;
   std::string uri_;
   std::optional<std::string> proxy_status_;
 };

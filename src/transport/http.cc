@@ -438,10 +438,12 @@ class HttpSource final : public Source {
   uint64_t read_stream(uint64_t offset, const IoSlice* slices, size_t count,
                        StreamBudget& budget) override {
     probe();
-    if (!prefers_long_reads()) return Source::read_stream(offset, slices, count, budget);
     uint64_t total;
     std::vector<IoSlice> rest = slices_within(offset, slices, count, s_->size, uri(), total);
     if (total == 0) return 0;
+    // Short reads (no ranges) or bytes the probe brought: piece by piece through read_scatter.
+    if (!prefers_long_reads() || offset + total <= s_->head.size())
+      return Source::read_stream(offset, slices, count, budget);
     const uint64_t done = fetch(offset, rest, total, /*probe=*/false, &budget);
     s_->bytes_read += done;
     return done;
