@@ -524,6 +524,17 @@ class LoadJob {
       }
     } budget(*this, own, a, b, scratch, first_segment, current);
 
+    if (item_end(b - 1) ==
+        items_[a].offset) {  // items of no bytes (empty tensors): nothing to read
+      {
+        std::lock_guard<std::mutex> lock(own.mu);
+        budget.b = std::min(b, own.end);
+        own.begin = std::max(own.begin, budget.b);
+      }
+      budget.reserved = budget.b;
+      budget.landed(0);
+      return;
+    }
     src.read_stream(items_[a].offset, slices.data(), slices.size(), budget);
     {
       std::lock_guard<std::mutex> lock(own.mu);

@@ -170,5 +170,25 @@ TEST(StreamedLoadTest, AFailingReadEndsTheLoadWithItsErrorAndNoWorkerHangs) {
   }
 }
 
+// A safetensors tensor of no elements has no bytes at all: loading it alone streams nothing and
+// must still finish (once, this loop never ended), and so must a load of it with others.
+TEST(StreamedLoadTest, TensorsOfNoBytesFinishWithoutARead) {
+  const std::string header =
+      R"({"empty":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+      R"("w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  file += header + "abcd";
+  auto bytes = std::make_shared<const std::string>(file);
+  auto log = std::make_shared<StreamLog>();
+  log->slow_handle = -1;
+  auto reader = Reader::open(std::make_unique<StreamingSource>(bytes, log));
+  const size_t empty = *reader->find("empty"), w = *reader->find("w");
+  char sink = 0, out[4] = {};
+  reader->load({{empty, &sink}});
+  reader->load({{empty, &sink}, {w, out}});
+  EXPECT_EQ(std::string(out, 4), "abcd");
+}
+
 }  // namespace
 }  // namespace tensorizer
