@@ -173,9 +173,8 @@ TEST(StreamedLoadTest, AFailingReadEndsTheLoadWithItsErrorAndNoWorkerHangs) {
 // A safetensors tensor of no elements has no bytes at all: loading it alone streams nothing and
 // must still finish (once, this loop never ended), and so must a load of it with others.
 TEST(StreamedLoadTest, TensorsOfNoBytesFinishWithoutARead) {
-  const std::string header =
-      R"({"empty":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
-      R"("w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
+  const std::string header = R"({"empty":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                             R"("w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
   std::string file(8, '\0');
   for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   file += header + "abcd";
