@@ -8,6 +8,12 @@ rather than in the C++ command:
     python -m tensorizer convert pytorch_model.bin model.safetensors
     python -m tensorizer convert checkpoint-dir/ model.tensors
     python -m tensorizer convert model.tensors checkpoint-dir/ --shard-size 2GB
+
+and ``cooperative-load``, which every rank of a ``torchrun`` job runs: the ranks load one file
+together (tensorizer.distributed.cooperative_load), each reading 1/N of it, and each prints what it
+got, what it read and how long it took:
+
+    torchrun --nproc-per-node 4 -m tensorizer cooperative-load s3://bucket/model.tensors --shard-dim 0
 """
 
 import argparse
@@ -86,6 +92,38 @@ def convert_torch(argv: List[str]) -> int:
     return 0
 
 
+def cooperative_load_command(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(prog="torchrun ... -m tensorizer cooperative-load")
+    ap.add_argument("SRC", help="a path or URI every rank reads a share of")
+    ap.add_argument("--shard-dim", type=int, help="keep only this rank's block of this dimension")
+    ap.add_argument("--backend", default="gloo", help="torch.distributed backend (nccl with --device cuda)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    import time
+
+    import torch.distributed as dist
+
+    from .distributed import cooperative_load, shard_plan
+
+    dist.init_process_group(args.backend)  # rank, world size and rendezvous from torchrun
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        plan = shard_plan(rank, world, dim=args.shard_dim) if args.shard_dim is not None else None
+        dist.barrier()
+        start = time.perf_counter()
+        state = cooperative_load(args.SRC, slice_plan=plan, device=args.device)
+        seconds = time.perf_counter() - start
+        held = sum(t.numel() * t.element_size() for t in state.values())
+        print(
+            f"rank {rank}/{world}: {len(state)} tensors, {held / 1e9:.3f} GB held,"
+            f" {state.bytes_read / 1e9:.3f} GB read from the source, {seconds:.2f} s",
+            flush=True,
+        )
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
 def _needs_python(args: List[str]) -> bool:
     """Whether a convert reads or writes a sharded checkpoint (the C++ command does neither)."""
     dst = args[1] if len(args) > 1 else ""
@@ -93,6 +131,8 @@ def _needs_python(args: List[str]) -> bool:
 
 
 def main(argv: List[str]) -> int:
+    if argv and argv[0] == "cooperative-load":
+        return cooperative_load_command(argv[1:])
     if len(argv) >= 3 and argv[0] == "convert" and (argv[1].endswith(TORCH_SUFFIXES) or _needs_python(argv[1:])):
         return convert_torch(argv[1:])
     here = os.path.join(os.path.dirname(sys.executable), "tensorizer")

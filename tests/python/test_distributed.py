@@ -28,7 +28,8 @@ TIMEOUT_S = 15  # the process group's timeout in the children
 
 def model():
     g = torch.Generator().manual_seed(5)
-    sd = {f"layer.{i}.weight": torch.randn(256, 384 + 64 * i, generator=g) for i in range(10)}
+    # Uneven for 2 and 4 ranks along both dimensions (split as torch.tensor_split does).
+    sd = {f"layer.{i}.weight": torch.randn(255, 385 + 64 * i, generator=g) for i in range(10)}
     sd["embed"] = torch.randn(1000, 256, generator=g).to(torch.bfloat16)
     sd["norm"] = torch.randn(256, generator=g)
     sd["flags"] = torch.arange(37) % 3 == 0
@@ -220,3 +221,15 @@ def test_per_rank_files_are_written_and_each_rank_reads_only_its_own():
             rank_file(bad, 0)
     with pytest.raises(TypeError):
         save_per_rank("m-%d.tensors", {"w": torch.zeros(1)})
+
+
+def test_torchrun_runs_the_cooperative_load_command(tmp_path):
+    path = tmp_path / "m.tensors"
+    write_model(path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "tensorizer", "cooperative-load", str(path), "--shard-dim", "0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
+    assert [line.split(":")[0] for line in lines] == ["rank 0/2", "rank 1/2"], p.stdout
+    assert all(f"{len(model())} tensors" in line for line in lines), lines
