@@ -81,6 +81,10 @@ class Source {
   // HTTP(S): the X-Cache-Status header of the first response (a caching proxy's HIT/MISS); else
   // none.
   virtual std::optional<std::string> cache_status() const { return std::nullopt; }
+  // How long the first request waited for its first byte: what any request costs before its bytes
+  // flow (a round trip, and whatever the server does first). 0 when unknown (local sources).
+  // Meaningful once size() was called.
+  virtual double first_byte_seconds() const { return 0; }
   // The object's version as its server names it (HTTP(S)/S3: the ETag, else the Last-Modified
   // date), for caches; "" when it has none. Meaningful once size() was called.
   virtual std::string version() const { return ""; }
@@ -115,6 +119,7 @@ class ForwardingSource : public Source {
   bool versioned() const override { return inner_->versioned(); }
   std::optional<std::string> cache_status() const override { return inner_->cache_status(); }
   std::string version() const override { return inner_->version(); }
+  double first_byte_seconds() const override { return inner_->first_byte_seconds(); }
 
  protected:
   std::shared_ptr<Source> inner_;

@@ -97,7 +97,7 @@ struct Reader::Impl {
   crypto::KeyCache key_cache;
   std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
   std::atomic<uint64_t> bytes_read_elsewhere{0};  // by mapped and direct loads
-  double first_read_s = 0;  // how long the open's first contact took: what one request costs
+  double first_read_s = 0;  // what one request costs: its wait for a first byte, else the open's
 };
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -120,8 +120,12 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
     const uint64_t first = source->local_fd() >= 0 ? kPreludeSize : kFirstReadBytes;
     std::string head(std::min(size, first), '\0');
     source->read_at(0, head.data(), head.size());
+    // The server's own figure when it has one: the wait for the first byte, not the transfer
+    // of the 512 KiB, which a slow connection would make look like a costly request.
     impl->first_read_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+        source->first_byte_seconds() > 0
+            ? source->first_byte_seconds()
+            : std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
     const auto* bytes = reinterpret_cast<const uint8_t*>(head.data());
     if (std::memcmp(bytes, kMagic, kMagicSize) != 0 && looks_like_safetensors(bytes, head.size())) {
       if (options.decryption)

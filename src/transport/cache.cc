@@ -233,7 +233,9 @@ std::unique_ptr<Source> open_cached_source(std::unique_ptr<Source> remote,
   const auto asked = std::chrono::steady_clock::now();
   const uint64_t size = remote->size();
   const double request_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+      remote->first_byte_seconds() > 0
+          ? remote->first_byte_seconds()
+          : std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
   const std::string version = remote->version();
   if (version.empty()) return remote;  // nothing to tell a stale copy by
   std::error_code ec;

@@ -60,7 +60,8 @@ struct Shared {
   bool ranges = true;
   std::string etag, last_modified;
   std::optional<std::string> cache_status;  // of the first response
-  std::string head;  // the object's first bytes, from the probe (servers that honour Range)
+  std::string head;         // the object's first bytes, from the probe (servers that honour Range)
+  double first_byte_s = 0;  // the probe's wait for its first byte
   std::atomic<uint64_t> bytes_read{0};
   std::mutex stream_mu;                  // serialises reads through the cursor
   std::unique_ptr<StreamCursor> cursor;  // for servers that ignore Range
@@ -470,6 +471,10 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->cache_status;
   }
+  double first_byte_seconds() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->first_byte_s;
+  }
   std::string version() const override {
     std::lock_guard<std::mutex> lock(s_->mu);
     return !s_->etag.empty()            ? "etag " + s_->etag
@@ -536,7 +541,7 @@ class HttpSource final : public Source {
       a.code = h.perform();
       curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
 
-      if (probe && a.meta.complete && handle_probe(a, slices[0].data)) {
+      if (probe && a.meta.complete && handle_probe(a, slices[0].data, h.get())) {
         s_->give(std::move(h));
         return a.delivered;
       }
@@ -651,10 +656,13 @@ class HttpSource final : public Source {
 
   // Handles the first response, whose body landed at `body`; true when it settled the object's
   // size. Keeps the body as the object's head when it is the whole range asked for.
-  bool handle_probe(const Attempt& a, const void* body) {
+  bool handle_probe(const Attempt& a, const void* body, CURL* h) {
     const ResponseMeta& m = a.meta;
     std::lock_guard<std::mutex> lock(s_->mu);
     if (s_->probed) return true;
+    curl_off_t waited_us = 0;
+    if (curl_easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &waited_us) == CURLE_OK)
+      s_->first_byte_s = static_cast<double>(waited_us) / 1e6;
     if (m.status == 206 && m.range_total) {
       s_->size = *m.range_total;
     } else if (m.status == 200 && m.content_length) {
