@@ -120,7 +120,7 @@ struct WholeRead final : StreamBudget {
 // Fetches `size` bytes of `remote` into `fd` (a fresh private file): the file is preallocated (so
 // a full disk is an error here, not a fault later), mapped, and filled by N workers, each with one
 // long read of a contiguous share, as many shares as pay for their request.
-void fill(Source& remote, uint64_t size, double request_seconds, int fd, const std::string& what) {
+void fill(Source& remote, uint64_t size, int fd, const std::string& what) {
   if (size == 0) return;
   if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)))
     fail_cache("cannot make room for " + std::to_string(size) + " bytes for", what, err);
@@ -129,7 +129,7 @@ void fill(Source& remote, uint64_t size, double request_seconds, int fd, const s
   auto* bytes = static_cast<uint8_t*>(map);
   try {
     int shares = std::min(default_workers(0, remote.preferred_readers()),
-                          paying_shares(size, request_seconds));
+                          paying_shares(size, remote.first_byte_seconds()));
     shares = static_cast<int>(std::clamp<uint64_t>(size / kMinShareBytes, 1, shares));
     std::vector<std::unique_ptr<Source>> clones;
     for (int i = 1; i < shares; ++i) clones.push_back(remote.clone());
@@ -230,12 +230,7 @@ class CachedSource final : public ForwardingSource {
 
 std::unique_ptr<Source> open_cached_source(std::unique_ptr<Source> remote,
                                            const CacheOptions& cache) {
-  const auto asked = std::chrono::steady_clock::now();
   const uint64_t size = remote->size();
-  const double request_seconds =
-      remote->first_byte_seconds() > 0
-          ? remote->first_byte_seconds()
-          : std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
   const std::string version = remote->version();
   if (version.empty()) return remote;  // nothing to tell a stale copy by
   std::error_code ec;
@@ -258,7 +253,7 @@ std::unique_ptr<Source> open_cached_source(std::unique_ptr<Source> remote,
       ::utimensat(AT_FDCWD, entry.c_str(), nullptr, 0);  // most recently used
     } else {
       TempFile file(entry, /*unnamed=*/true);
-      fill(*remote, size, request_seconds, file.fd(), shown);
+      fill(*remote, size, file.fd(), shown);
       file.publish(/*sync=*/false);
       fetched = true;
     }
