@@ -221,6 +221,47 @@ TEST_F(ObjectCacheTest, TheBoundEvictsTheLeastRecentlyUsed) {
   for (const std::string& n : names) ::unlink((root_ + "/" + n).c_str());
 }
 
+// All file names in `dir`, hidden ones included (a fill's leftovers would show here).
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d))
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
+  ::closedir(d);
+  return out;
+}
+
+TEST_F(ObjectCacheTest, AFillThroughDroppedConnectionsIsExactAndAFailedOneLeavesNoEntry) {
+  const test::Model m = test::make_model(16 << 20);
+  publish(object(), m, 1700000000);
+  t_.retry.retry_delay_s = 0.02;
+  t_.retry.stall_timeout_s = 2;
+  {  // drops mid-fill: the fill resumes from the first missing byte, the entry is whole
+    test::FaultProxy proxy(test::host_port(url_), "pass,drop:100000-4000000x6", 5);
+    test::expect_model("http://" + proxy.address() + "/" + name_, t_, m);
+    EXPECT_GE(proxy.faulted("drop"), 1) << proxy.log_text();
+    ASSERT_EQ(entries_in(cache_).size(), 1u);
+  }
+  // A server that fails every request after the probe: the open fails naming the object, and
+  // the cache holds neither an entry nor a partial file for it.
+  TransportOptions other = t_;
+  other.cache.dir = dir_.path("cache2");
+  other.retry.max_retries = 2;
+  test::FaultProxy proxy(test::host_port(url_), "pass,503x100", 5);
+  const std::string uri = "http://" + proxy.address() + "/" + name_;
+  try {
+    open_source(uri, other);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name_), std::string::npos) << e.what();
+  }
+  const std::vector<std::string> left = names_in(other.cache.dir);
+  EXPECT_EQ(left.size(), 1u);  // the entry's lock file, nothing else
+  for (const std::string& n : left)
+    EXPECT_TRUE(n.size() > 5 && n.compare(n.size() - 5, 5, ".lock") == 0) << n;
+}
+
 TEST_F(ObjectCacheTest, S3ObjectsAreCachedToo) {
   TZ_SERVER_ENV(endpoint, "TZ_TEST_S3_ENDPOINT");
   TZ_SERVER_ENV(bucket, "TZ_TEST_S3_BUCKET");
