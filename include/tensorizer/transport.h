@@ -157,6 +157,11 @@ struct HttpOptions {
   // Bytes per ranged GET of a load; 0 = $TENSORIZER_READ_MIB (MiB) if set, else the engine's
   // 16 MiB. Larger suits servers whose cost is per request, not per byte.
   uint64_t read_bytes = 0;
+  // The probe (first request) asks for the whole object and, once its first 512 KiB have come,
+  // is paused; the first long read that starts within its reach continues it, so a load by one
+  // reader costs one request and one round trip. Up to the socket buffers' worth of bytes are
+  // sent for nothing when no load follows. false: the probe asks for 512 KiB only.
+  bool continue_probe = true;
 };
 
 // S3 credentials and addressing (docs/reference-api.md §5.4); unset ones are resolved from the

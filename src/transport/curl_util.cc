@@ -59,13 +59,14 @@ void CurlHeaders::add(const std::string& line) {
 CurlEasy& CurlEasy::operator=(CurlEasy&& o) noexcept {
   if (this != &o) {
     this->~CurlEasy();
-    easy_ = o.easy_, multi_ = o.multi_;
-    o.easy_ = nullptr, o.multi_ = nullptr;
+    easy_ = o.easy_, multi_ = o.multi_, running_ = o.running_;
+    o.easy_ = nullptr, o.multi_ = nullptr, o.running_ = false;
   }
   return *this;
 }
 
 CurlEasy::~CurlEasy() {
+  if (running_) curl_multi_remove_handle(multi_, easy_);
   if (easy_) curl_easy_cleanup(easy_);
   if (multi_) curl_multi_cleanup(multi_);
   easy_ = nullptr, multi_ = nullptr;
@@ -77,9 +78,21 @@ CURLM* CurlEasy::multi() {
   return multi_;
 }
 
-CURLcode CurlEasy::perform() {
+CURLcode CurlEasy::perform(const bool* parked) {
   CURLM* m = multi();
   if (curl_multi_add_handle(m, easy_) != CURLM_OK) return CURLE_FAILED_INIT;
+  running_ = true;
+  return drive(parked);
+}
+
+CURLcode CurlEasy::resume() {
+  if (!running_) return CURLE_FAILED_INIT;
+  curl_easy_pause(easy_, CURLPAUSE_CONT);  // may deliver the data it holds right here
+  return drive(nullptr);
+}
+
+CURLcode CurlEasy::drive(const bool* parked) {
+  CURLM* m = multi_;
   CURLcode result = CURLE_OK;
   for (bool done = false; !done;) {
     int running = 0;
@@ -91,6 +104,7 @@ CURLcode CurlEasy::perform() {
     while (CURLMsg* msg = curl_multi_info_read(m, &left))
       if (msg->msg == CURLMSG_DONE) done = true, result = msg->data.result;
     if (done) break;
+    if (parked && *parked) return CURLE_OK;  // stays in the multi handle, paused
     if (cancel_requested()) {
       result = CURLE_ABORTED_BY_CALLBACK;
       break;
@@ -98,6 +112,7 @@ CURLcode CurlEasy::perform() {
     curl_multi_poll(m, nullptr, 0, kPollMs, nullptr);
   }
   curl_multi_remove_handle(m, easy_);
+  running_ = false;
   if (result == CURLE_ABORTED_BY_CALLBACK) check_cancelled();
   return result;
 }

@@ -40,8 +40,8 @@ class CurlEasy {
  public:
   CurlEasy() = default;
   explicit CurlEasy(CURL* h) : easy_(h) {}
-  CurlEasy(CurlEasy&& o) noexcept : easy_(o.easy_), multi_(o.multi_) {
-    o.easy_ = nullptr, o.multi_ = nullptr;
+  CurlEasy(CurlEasy&& o) noexcept : easy_(o.easy_), multi_(o.multi_), running_(o.running_) {
+    o.easy_ = nullptr, o.multi_ = nullptr, o.running_ = false;
   }
   CurlEasy& operator=(CurlEasy&& o) noexcept;
   ~CurlEasy();
@@ -49,15 +49,23 @@ class CurlEasy {
   explicit operator bool() const { return easy_ != nullptr; }
   void reset() { *this = CurlEasy(); }
   // Runs the request set up on the handle, like curl_easy_perform. Throws as check_cancelled()
-  // when this thread's load is cancelled meanwhile.
-  CURLcode perform();
+  // when this thread's load is cancelled meanwhile. With `parked`: returns CURLE_OK as soon as
+  // *parked is true (the write callback paused the transfer), leaving the transfer running, to be
+  // continued by resume() (or dropped with the handle).
+  CURLcode perform(const bool* parked = nullptr);
+  // Unpauses a parked transfer and runs it to its end (the write callback may be called at once).
+  CURLcode resume();
+  // A parked transfer is waiting for resume().
+  bool running() const { return running_; }
   // The multi handle that carries this easy handle's transfers (created on first use), for
   // callers that drive them step by step; the handle must not be in it during perform().
   CURLM* multi();
 
  private:
+  CURLcode drive(const bool* parked);
   CURL* easy_ = nullptr;
   CURLM* multi_ = nullptr;
+  bool running_ = false;  // added to multi_
 };
 
 // How long curl waits in one poll before the caller checks for cancellation.

@@ -8,7 +8,8 @@
 // response's ETag (else Last-Modified) pins the object: a later response naming another version is
 // an error, never mixed data. Servers that ignore Range (200 with the whole body) are read through
 // one whole-object transfer kept open across sequential reads (StreamCursor); such a source prefers
-// one reader.
+// one reader. The probe itself asks for the whole object and is parked after its first 512 KiB:
+// the load's first long read continues it (see HttpOptions::continue_probe).
 #include "transport/http.h"
 
 #include <algorithm>
@@ -48,6 +49,14 @@ struct Attempt {
 
 class StreamCursor;
 
+// The probe's transfer, paused after the head: what it asked for runs to the object's end.
+struct ParkedProbe {
+  CurlEasy handle;  // running, paused
+  net::ResponseMeta meta;
+  std::string spill;  // bytes after the head that came with its last write
+  uint64_t position;  // stream offset of the next byte the transfer delivers
+};
+
 struct Shared {
   ~Shared();
   net::HttpTarget target;
@@ -65,6 +74,7 @@ struct Shared {
   std::atomic<uint64_t> bytes_read{0};
   std::mutex stream_mu;                  // serialises reads through the cursor
   std::unique_ptr<StreamCursor> cursor;  // for servers that ignore Range
+  std::unique_ptr<ParkedProbe> parked;   // until a long read continues it
 
   CurlEasy take() {
     {
@@ -91,8 +101,11 @@ struct Transfer {
   uint64_t want;           // bytes asked for
   uint64_t skip = 0;       // bytes to discard first (server ignored the Range)
   bool unranged = false;   // asked for the whole object on purpose (see whole_object_get)
-  bool checked = false;    // headers validated
-  bool body_ok = false;    // a 2xx body we are consuming
+  // The probe: bytes after `want` go to `spill`, then the transfer pauses (`parked`).
+  std::string* spill = nullptr;
+  bool parked = false;
+  bool checked = false;  // headers validated
+  bool body_ok = false;  // a 2xx body we are consuming
   // destination
   const IoSlice* slices = nullptr;
   size_t count = 0;
@@ -170,6 +183,10 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
       a.error_body.append(data, std::min(total, kMaxErrorBody - a.error_body.size()));
     return total;
   }
+  if (t->spill && a.delivered == t->want) {
+    t->parked = true;
+    return CURL_WRITEFUNC_PAUSE;  // this write comes again on resume
+  }
   size_t pos = 0;
   if (t->skip > 0) {
     size_t k = static_cast<size_t>(std::min<uint64_t>(t->skip, total));
@@ -203,6 +220,10 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
       return 0;
     }
     if (t->stopped) return 0;  // the rest is no longer wanted: end the transfer
+  }
+  if (t->spill && pos < total) {
+    t->spill->append(data + pos, total - pos);
+    return total;
   }
   // Everything wanted has arrived: stop here (a server ignoring Range keeps sending).
   if (a.delivered == t->want && pos < total) return 0;
@@ -517,6 +538,8 @@ class HttpSource final : public Source {
     int failures = 0;
     double failing_since = -1;  // start of the current run of failures without progress
     std::string last_error;
+    std::unique_ptr<ParkedProbe> parked = budget ? take_parked(offset, total) : nullptr;
+    std::string spill;  // the probe's bytes after its head
     CurlEasy h = s_->take();
     for (;;) {
       Attempt a;
@@ -525,24 +548,33 @@ class HttpSource final : public Source {
       t.count = slices.size();
       t.budget = budget;
       t.stream_done = done;
-      net::CurlHeaders headers;
-      std::vector<std::string> extra;
-      t.unranged = !probe && done == 0 && failures == 0 && whole_object_get(offset, total);
-      if (!t.unranged)
-        extra.push_back("Range: bytes=" + std::to_string(offset + done) + "-" +
-                        std::to_string(offset + total - 1));
-      if (std::string v = validator(); !v.empty()) extra.push_back(std::move(v));
-      net::prepare_request(h.get(), s_->target, s_->http, opt, headers, extra);
-      curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
-      curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
-      curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
-      curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
-      curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
-      a.code = h.perform();
-      curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
+      if (parked) {
+        a.code = continue_parked(*parked, t);
+        parked.reset();  // its connection goes with it, unless the object ended
+      } else {
+        net::CurlHeaders headers;
+        std::vector<std::string> extra;
+        t.unranged = !probe && done == 0 && failures == 0 && whole_object_get(offset, total);
+        if (probe && s_->http.continue_probe) {
+          extra.push_back("Range: bytes=" + std::to_string(offset + done) + "-");
+          t.spill = &spill;
+        } else if (!t.unranged) {
+          extra.push_back("Range: bytes=" + std::to_string(offset + done) + "-" +
+                          std::to_string(offset + total - 1));
+        }
+        if (std::string v = validator(); !v.empty()) extra.push_back(std::move(v));
+        net::prepare_request(h.get(), s_->target, s_->http, opt, headers, extra);
+        curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+        curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
+        curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
+        a.code = h.perform(&t.parked);
+        curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
+      }
 
       if (probe && a.meta.complete && handle_probe(a, slices[0].data, h.get())) {
-        s_->give(std::move(h));
+        park(std::move(h), a, std::move(spill));
         return a.delivered;
       }
       if (t.error) std::rethrow_exception(t.error);  // the connection is dropped with the handle
@@ -605,6 +637,52 @@ class HttpSource final : public Source {
         delay = std::min(delay, std::max(0.0, opt.stall_timeout_s - idle));
       net::sleep_for_seconds(delay);
     }
+  }
+
+  // Keeps the probe's paused transfer for a long read to continue, when it brought the whole head
+  // of an object served with ranges; otherwise drops it (closing its connection), or pools the
+  // handle of a transfer that ended.
+  void park(CurlEasy h, const Attempt& a, std::string spill) {
+    if (!h.running()) return s_->give(std::move(h));
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (!s_->ranges || a.meta.status != 206 || s_->head.size() != a.delivered || s_->parked) return;
+    const uint64_t position = a.delivered + spill.size();
+    s_->parked.reset(new ParkedProbe{std::move(h), a.meta, std::move(spill), position});
+  }
+
+  // The parked probe, for a read of [offset, offset+total) that its transfer reaches: one that
+  // starts at most kWholeGetSkip bytes after the transfer's position and ends after it.
+  std::unique_ptr<ParkedProbe> take_parked(uint64_t offset, uint64_t total) {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    const ParkedProbe* p = s_->parked.get();
+    if (!p || offset > p->position + kWholeGetSkip || offset + total <= p->position) return nullptr;
+    return std::move(s_->parked);
+  }
+
+  // The first attempt of a read through the parked probe: the bytes before its position come from
+  // the head and the spill, the rest from the transfer, resumed (its first bytes skipped up to the
+  // read's offset). Ends the transfer when the read has all it wants.
+  CURLcode continue_parked(ParkedProbe& p, Transfer& t) {
+    Attempt& a = *t.attempt;
+    a.meta = p.meta;
+    t.checked = t.body_ok = true;  // the probe's response, checked then
+    uint64_t at = t.request_first;
+    auto feed = [&](const std::string& bytes, uint64_t first) {
+      if (at < first || at >= first + bytes.size() || t.error || t.stopped) return;
+      on_body(const_cast<char*>(bytes.data() + (at - first)), 1, first + bytes.size() - at, &t);
+      at = first + bytes.size();
+    };
+    feed(s_->head, 0);
+    feed(p.spill, s_->head.size());
+    if (t.error || t.stopped || a.delivered == t.want) return CURLE_OK;
+    t.skip = at - p.position;  // at >= position: take_parked asks for a read that reaches it
+    CURL* h = p.handle.get();
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, a.errbuf);
+    const CURLcode code = p.handle.resume();
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+    return code;
   }
 
   // The condition every request after the first carries, so that a server whose object was

@@ -99,10 +99,13 @@ std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptio
   if (scheme.empty()) return open_file_source(uri);
   const Scheme* s = find_scheme(scheme);
   if (!s) unsupported(scheme, uri, "read");
-  std::unique_ptr<Source> source = s->open_source(uri, options);
-  if (s->cacheable && !options.cache.dir.empty())
-    return open_cached_source(std::move(source), options.cache);
-  return source;
+  if (s->cacheable && !options.cache.dir.empty()) {
+    // A hit needs only the probe's answer: no open transfer behind it.
+    TransportOptions bounded = options;
+    bounded.http.continue_probe = false;
+    return open_cached_source(s->open_source(uri, bounded), options.cache);
+  }
+  return s->open_source(uri, options);
 }
 
 std::unique_ptr<Sink> open_sink(const std::string& uri, const TransportOptions& options) {

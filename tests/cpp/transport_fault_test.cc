@@ -94,8 +94,9 @@ TEST(TransportFaultTest, S3LoadSurvivesDropsAndSlowDown) {
   w->write(model.requests);
   w->close();
   // moto answers one request per connection: drops and 503s (as S3 SlowDown would) interleave.
+  // The probe's connection drops after its 512 KiB head, while the load continues its transfer.
   test::FaultProxy proxy(test::host_port(endpoint),
-                         "pass,drop:2000-1500000x8,503x3,reset:3000-1000000x4", 5);
+                         "drop:700000-1500000,drop:2000-1500000x7,503x3,reset:3000-1000000x4", 5);
   TransportOptions t = fast_retries();
   t.s3.endpoint = "http://" + proxy.address();
   t.s3.force_http = true;

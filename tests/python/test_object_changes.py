@@ -59,7 +59,7 @@ class SwitchingServer:
                 rng = self.headers.get("Range")
                 if rng:
                     a, b = rng.split("=", 1)[1].split("-")
-                    first_byte, last_byte = int(a), min(int(b), len(body) - 1)
+                    first_byte, last_byte = int(a), min(int(b or len(body) - 1), len(body) - 1)
                 part = body[first_byte : last_byte + 1]
                 self.send_response(206 if rng else 200)
                 if rng:

@@ -60,7 +60,7 @@ class MisbehavingServer:
                     for line in request.decode("latin-1").split("\r\n"):
                         if line.lower().startswith("range: bytes="):
                             a, b = line.split("=", 1)[1].split("-")
-                            first, last = int(a), min(int(b), len(self.body) - 1)
+                            first, last = int(a), min(int(b or len(self.body) - 1), len(self.body) - 1)
                     part = self.body[first : last + 1]
                     conn.sendall(
                         b"HTTP/1.1 206 Partial Content\r\n"
