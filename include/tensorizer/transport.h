@@ -160,7 +160,8 @@ struct HttpOptions {
   // The probe (first request) asks for the whole object and, once its first 512 KiB have come,
   // is paused; the first long read that starts within its reach continues it, so a load by one
   // reader costs one request and one round trip. Up to the socket buffers' worth of bytes are
-  // sent for nothing when no load follows. false: the probe asks for 512 KiB only.
+  // sent for nothing when no load follows. false (and whenever read_bytes is set): the probe asks
+  // for 512 KiB only.
   bool continue_probe = true;
 };
 

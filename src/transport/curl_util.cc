@@ -85,10 +85,10 @@ CURLcode CurlEasy::perform(const bool* parked) {
   return drive(parked);
 }
 
-CURLcode CurlEasy::resume() {
+CURLcode CurlEasy::resume(const bool* parked) {
   if (!running_) return CURLE_FAILED_INIT;
   curl_easy_pause(easy_, CURLPAUSE_CONT);  // may deliver the data it holds right here
-  return drive(nullptr);
+  return drive(parked);
 }
 
 CURLcode CurlEasy::drive(const bool* parked) {

@@ -53,8 +53,9 @@ class CurlEasy {
   // *parked is true (the write callback paused the transfer), leaving the transfer running, to be
   // continued by resume() (or dropped with the handle).
   CURLcode perform(const bool* parked = nullptr);
-  // Unpauses a parked transfer and runs it to its end (the write callback may be called at once).
-  CURLcode resume();
+  // Unpauses a parked transfer and runs it as perform() does (the write callback may be called
+  // at once).
+  CURLcode resume(const bool* parked = nullptr);
   // A parked transfer is waiting for resume().
   bool running() const { return running_; }
   // The multi handle that carries this easy handle's transfers (created on first use), for

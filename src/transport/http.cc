@@ -49,11 +49,13 @@ struct Attempt {
 
 class StreamCursor;
 
-// The probe's transfer, paused after the head: what it asked for runs to the object's end.
-struct ParkedProbe {
+// A transfer to the object's end, paused: the probe's after its head, or a continuation of it
+// after the read that continued it had all it wanted.
+struct ParkedTransfer {
   CurlEasy handle;  // running, paused
   net::ResponseMeta meta;
-  std::string spill;  // bytes after the head that came with its last write
+  std::string spill;  // bytes [spill_at, position): what came after the last read's end
+  uint64_t spill_at;
   uint64_t position;  // stream offset of the next byte the transfer delivers
 };
 
@@ -72,9 +74,9 @@ struct Shared {
   std::string head;         // the object's first bytes, from the probe (servers that honour Range)
   double first_byte_s = 0;  // the probe's wait for its first byte
   std::atomic<uint64_t> bytes_read{0};
-  std::mutex stream_mu;                  // serialises reads through the cursor
-  std::unique_ptr<StreamCursor> cursor;  // for servers that ignore Range
-  std::unique_ptr<ParkedProbe> parked;   // until a long read continues it
+  std::mutex stream_mu;                    // serialises reads through the cursor
+  std::unique_ptr<StreamCursor> cursor;    // for servers that ignore Range
+  std::unique_ptr<ParkedTransfer> parked;  // until a long read continues it
 
   CurlEasy take() {
     {
@@ -101,7 +103,8 @@ struct Transfer {
   uint64_t want;           // bytes asked for
   uint64_t skip = 0;       // bytes to discard first (server ignored the Range)
   bool unranged = false;   // asked for the whole object on purpose (see whole_object_get)
-  // The probe: bytes after `want` go to `spill`, then the transfer pauses (`parked`).
+  // The probe and continuations: bytes after `want` go to `spill`, then the transfer pauses
+  // (`parked`) for the next read to continue.
   std::string* spill = nullptr;
   bool parked = false;
   bool checked = false;  // headers validated
@@ -538,8 +541,8 @@ class HttpSource final : public Source {
     int failures = 0;
     double failing_since = -1;  // start of the current run of failures without progress
     std::string last_error;
-    std::unique_ptr<ParkedProbe> parked = budget ? take_parked(offset, total) : nullptr;
-    std::string spill;  // the probe's bytes after its head
+    std::unique_ptr<ParkedTransfer> parked = probe ? nullptr : take_parked(offset, total);
+    std::string spill;  // bytes after the read's end, for the next read through the transfer
     CurlEasy h = s_->take();
     for (;;) {
       Attempt a;
@@ -549,7 +552,9 @@ class HttpSource final : public Source {
       t.budget = budget;
       t.stream_done = done;
       if (parked) {
+        t.spill = &spill;
         a.code = continue_parked(*parked, t);
+        if (t.parked) put_back(std::move(parked));
         parked.reset();  // its connection goes with it, unless the object ended
       } else {
         net::CurlHeaders headers;
@@ -639,30 +644,41 @@ class HttpSource final : public Source {
     }
   }
 
-  // Keeps the probe's paused transfer for a long read to continue, when it brought the whole head
-  // of an object served with ranges; otherwise drops it (closing its connection), or pools the
-  // handle of a transfer that ended.
+  // Keeps the probe's paused transfer for a long read to continue (or, when it ended, the bytes
+  // it brought after the head), when it brought the whole head of an object served with ranges;
+  // otherwise drops it (closing its connection), or pools the handle of a transfer that ended.
   void park(CurlEasy h, const Attempt& a, std::string spill) {
-    if (!h.running()) return s_->give(std::move(h));
+    if (!h.running() && spill.empty()) return s_->give(std::move(h));
     std::lock_guard<std::mutex> lock(s_->mu);
     if (!s_->ranges || a.meta.status != 206 || s_->head.size() != a.delivered || s_->parked) return;
     const uint64_t position = a.delivered + spill.size();
-    s_->parked.reset(new ParkedProbe{std::move(h), a.meta, std::move(spill), position});
+    s_->parked.reset(
+        new ParkedTransfer{std::move(h), a.meta, std::move(spill), a.delivered, position});
   }
 
-  // The parked probe, for a read of [offset, offset+total) that its transfer reaches: one that
-  // starts at most kWholeGetSkip bytes after the transfer's position and ends after it.
-  std::unique_ptr<ParkedProbe> take_parked(uint64_t offset, uint64_t total) {
+  // Parks a continued transfer again, for the next read (the next tensor of a lazy load).
+  void put_back(std::unique_ptr<ParkedTransfer> p) {
     std::lock_guard<std::mutex> lock(s_->mu);
-    const ParkedProbe* p = s_->parked.get();
-    if (!p || offset > p->position + kWholeGetSkip || offset + total <= p->position) return nullptr;
+    if (!s_->parked) s_->parked = std::move(p);
+  }
+
+  // The parked transfer, for a read that starts within the bytes it holds (the head, while the
+  // transfer follows it; then its spill) or at most kWholeGetSkip bytes after its position; once
+  // the transfer has ended, only for a read within the bytes it holds.
+  std::unique_ptr<ParkedTransfer> take_parked(uint64_t offset, uint64_t total) {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    const ParkedTransfer* p = s_->parked.get();
+    if (!p || offset > p->position + kWholeGetSkip) return nullptr;
+    if (!p->handle.running() && offset + total > p->position) return nullptr;  // ended: held only
+    const uint64_t held_from = p->spill_at == s_->head.size() ? 0 : p->spill_at;
+    if (offset < held_from) return nullptr;
     return std::move(s_->parked);
   }
 
-  // The first attempt of a read through the parked probe: the bytes before its position come from
-  // the head and the spill, the rest from the transfer, resumed (its first bytes skipped up to the
-  // read's offset). Ends the transfer when the read has all it wants.
-  CURLcode continue_parked(ParkedProbe& p, Transfer& t) {
+  // The first attempt of a read through the parked transfer: the bytes before its position come
+  // from the head and the spill, the rest from the transfer, resumed (its first bytes skipped up
+  // to the read's offset) until the read has all it wants; then it pauses again (t.parked).
+  CURLcode continue_parked(ParkedTransfer& p, Transfer& t) {
     Attempt& a = *t.attempt;
     a.meta = p.meta;
     t.checked = t.body_ok = true;  // the probe's response, checked then
@@ -673,15 +689,28 @@ class HttpSource final : public Source {
       at = first + bytes.size();
     };
     feed(s_->head, 0);
-    feed(p.spill, s_->head.size());
-    if (t.error || t.stopped || a.delivered == t.want) return CURLE_OK;
+    feed(p.spill, p.spill_at);
+    if (t.error || t.stopped) return CURLE_OK;
+    if (a.delivered == t.want) {  // all from the bytes held: the transfer stays as it is
+      const uint64_t end = t.request_first + a.delivered;
+      if (end > p.spill_at) p.spill.erase(0, end - p.spill_at), p.spill_at = end;
+      t.parked = true;
+      return CURLE_OK;
+    }
     t.skip = at - p.position;  // at >= position: take_parked asks for a read that reaches it
     CURL* h = p.handle.get();
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, a.errbuf);
-    const CURLcode code = p.handle.resume();
+    const CURLcode code = p.handle.resume(&t.parked);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+    // Paused after the read's end, or ended with bytes after it: they are held for the next read.
+    if (t.parked || (code == CURLE_OK && a.delivered == t.want && !t.spill->empty())) {
+      p.spill_at = t.request_first + a.delivered;
+      p.spill = std::move(*t.spill);
+      p.position = p.spill_at + p.spill.size();
+      t.parked = true;
+    }
     return code;
   }
 
@@ -822,6 +851,8 @@ std::unique_ptr<Source> open_http_source(net::HttpTarget target, const HttpOptio
   s->http = http;
   s->retry = retry;
   if (s->http.read_bytes == 0) s->http.read_bytes = read_bytes_from_env();
+  // A request size asked for is what every request of a load is: no transfer continues the probe.
+  if (s->http.read_bytes != 0) s->http.continue_probe = false;
   return std::make_unique<HttpSource>(std::move(s));
 }
 
