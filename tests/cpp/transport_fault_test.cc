@@ -65,6 +65,30 @@ TEST(TransportFaultTest, HttpLoadSurvivesResetsStallsAnd503Bursts) {
   EXPECT_GE(proxy.faulted(), 11) << proxy.log_text();
 }
 
+TEST(TransportFaultTest, AStallAfterTheProbesHeadResumesWithARangedGet) {
+  TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
+  TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
+  const ServedModel& m = served_model(root);
+  // The open's transfer brings its 512 KiB head and is paused; the load continues it, and the
+  // server goes silent at 900 kB with the connection open. The stall timeout ends that attempt and
+  // the rest comes from a ranged GET on a new connection, bit-exact, in bounded time.
+  test::FaultProxy proxy(test::host_port(url), "stall:900000");
+  TransportOptions t = fast_retries();
+  t.retry.stall_timeout_s = 1;
+  ReaderOptions ro;
+  ro.transport = t;
+  auto reader = Reader::open("http://" + proxy.address() + "/" + m.name, ro);
+  LoadOptions lo;
+  lo.num_workers = 1;
+  const auto start = std::chrono::steady_clock::now();
+  auto buffers = test::load_entries(*reader, lo);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < m.model.data.size(); ++i) EXPECT_TRUE(buffers[i] == m.model.data[i]) << i;
+  EXPECT_EQ(proxy.faulted("stall"), 1) << proxy.log_text();
+  EXPECT_LT(secs, 10.0) << proxy.log_text();  // 6.5-7 s: curl averages speed over 5 s
+}
+
 TEST(TransportFaultTest, HttpsLoadSurvivesDrops) {
   TZ_SERVER_ENV(url, "TZ_TEST_HTTPS_URL");
   TZ_SERVER_ENV(ca, "TZ_TEST_CA_FILE");
