@@ -55,8 +55,15 @@ struct ParkedTransfer {
   CurlEasy handle;  // running, paused
   net::ResponseMeta meta;
   std::string spill;  // bytes [spill_at, position): what came after the last read's end
-  uint64_t spill_at;
-  uint64_t position;  // stream offset of the next byte the transfer delivers
+  uint64_t spill_at = 0;
+  uint64_t position = 0;  // stream offset of the next byte the transfer delivers
+
+  // Holds `bytes`, which start at stream offset `at` and end where the transfer stands.
+  void hold(uint64_t at, std::string bytes) {
+    spill_at = at;
+    spill = std::move(bytes);
+    position = at + spill.size();
+  }
 };
 
 struct Shared {
@@ -651,9 +658,8 @@ class HttpSource final : public Source {
     if (!h.running() && spill.empty()) return s_->give(std::move(h));
     std::lock_guard<std::mutex> lock(s_->mu);
     if (!s_->ranges || a.meta.status != 206 || s_->head.size() != a.delivered || s_->parked) return;
-    const uint64_t position = a.delivered + spill.size();
-    s_->parked.reset(
-        new ParkedTransfer{std::move(h), a.meta, std::move(spill), a.delivered, position});
+    s_->parked.reset(new ParkedTransfer{std::move(h), a.meta, {}});
+    s_->parked->hold(a.delivered, std::move(spill));
   }
 
   // Parks a continued transfer again, for the next read (the next tensor of a lazy load).
@@ -693,7 +699,7 @@ class HttpSource final : public Source {
     if (t.error || t.stopped) return CURLE_OK;
     if (a.delivered == t.want) {  // all from the bytes held: the transfer stays as it is
       const uint64_t end = t.request_first + a.delivered;
-      if (end > p.spill_at) p.spill.erase(0, end - p.spill_at), p.spill_at = end;
+      if (end > p.spill_at) p.hold(end, p.spill.substr(end - p.spill_at));
       t.parked = true;
       return CURLE_OK;
     }
@@ -706,9 +712,7 @@ class HttpSource final : public Source {
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
     // Paused after the read's end, or ended with bytes after it: they are held for the next read.
     if (t.parked || (code == CURLE_OK && a.delivered == t.want && !t.spill->empty())) {
-      p.spill_at = t.request_first + a.delivered;
-      p.spill = std::move(*t.spill);
-      p.position = p.spill_at + p.spill.size();
+      p.hold(t.request_first + a.delivered, std::move(*t.spill));
       t.parked = true;
     }
     return code;
