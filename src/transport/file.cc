@@ -135,15 +135,7 @@ class FileSink final : public Sink {
 
   void write_gather(uint64_t offset, const IoSlice* slices, size_t count) override {
     if (file_.fd() < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
-    uint64_t total = 0;
-    std::vector<iovec> iov = to_iovecs(slices, count, total);
-    int fd = file_.fd();
-    transfer_all(
-        iov, offset,
-        [fd](const iovec* v, int n, uint64_t off) {
-          return ::pwritev(fd, v, n, static_cast<off_t>(off));
-        },
-        "writing", path_, total);
+    write_all_at(file_.fd(), offset, slices, count, path_);
   }
 
   void reserve(uint64_t size) override {
@@ -162,6 +154,18 @@ class FileSink final : public Sink {
 };
 
 }  // namespace
+
+void write_all_at(int fd, uint64_t offset, const IoSlice* slices, size_t count,
+                  const std::string& what) {
+  uint64_t total = 0;
+  std::vector<iovec> iov = to_iovecs(slices, count, total);
+  transfer_all(
+      iov, offset,
+      [fd](const iovec* v, int n, uint64_t off) {
+        return ::pwritev(fd, v, n, static_cast<off_t>(off));
+      },
+      "writing", what, total);
+}
 
 std::unique_ptr<Source> open_file_source(const std::string& path) {
   auto fd = std::make_shared<SharedFd>();

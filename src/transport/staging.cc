@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensorizer/error.h"
+#include "transport/file.h"
 
 namespace tensorizer {
 
@@ -27,20 +28,7 @@ StagingFile::StagingFile(const std::string& tag) {
 void StagingFile::write_gather(uint64_t offset, const IoSlice* slices, size_t count,
                                const std::string& what) {
   if (fd_ < 0) fail(ErrorCode::kIO, "'" + what + "' was already committed or aborted");
-  for (size_t i = 0; i < count; ++i) {
-    const char* p = static_cast<const char*>(slices[i].data);
-    size_t left = slices[i].size;
-    while (left > 0) {
-      ssize_t w = ::pwrite(fd_, p, left, static_cast<off_t>(offset));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0)
-        fail(ErrorCode::kIO, "staging '" + what + "' (temporary file) at offset " +
-                                 std::to_string(offset) + ": " + std::strerror(errno));
-      p += w;
-      left -= static_cast<size_t>(w);
-      offset += static_cast<uint64_t>(w);
-    }
-  }
+  write_all_at(fd_, offset, slices, count, "the staging file of " + what);
 }
 
 void StagingFile::reserve(uint64_t size) {
