@@ -6,12 +6,13 @@
 //    mostly in the page cache is mapped copy-on-write and pre-faulted in parallel (mapped_load.h):
 //    no copy, no fresh memory, no second copy of the bytes in RAM.
 //  - kDirect: a tensor of a local, unencrypted file whose pages are not in the page cache is read
-//    with O_DIRECT, in large aligned reads with several in flight, into anonymous huge-page memory
-//    (no page-cache copy either). Tensors stored at unaligned offsets (files the reference wrote)
-//    are moved down to a 64-byte boundary inside that memory after the read.
+//    with O_DIRECT, in large aligned reads with several in flight, into anonymous memory (no
+//    page-cache copy either; 4 KiB pages, see engine/host_block.h for why not huge ones). Tensors
+//    stored at unaligned offsets (files the reference wrote) are moved down to a 64-byte boundary
+//    inside that memory after the read.
 //  - kCopied: everything else (encrypted or remote sources, meta and empty tensors, warm
 //    unaligned tensors, file systems without O_DIRECT) is loaded by Reader::load into anonymous
-//    huge-page memory.
+//    memory.
 // Residency is asked of the kernel with mincore() on the tensor's pages just before the load.
 // kMap, kDirect and kCopy force a route wherever it can serve a tensor (kCopy everywhere).
 //

@@ -47,8 +47,10 @@ struct LoadOptions {
   int num_workers = 0;              // 0 = one per usable CPU core (at least 2 for remote sources)
   bool verify_hash = false;         // recompute CRC32/SHA-256 and compare
   bool collect_mismatches = false;  // with verify_hash: report mismatches instead of throwing
-  bool advise_huge_pages =
-      true;  // MADV_HUGEPAGE on destinations first (fresh memory faults 2 MiB at a time)
+  // MADV_HUGEPAGE on destinations first, so fresh memory faults 2 MiB at a time. Off by default:
+  // on a VM that backs guest memory lazily, a fresh huge page's first touch costs 3-4x that of
+  // 4 KiB pages at a cold start (engine/host_block.h); it pays where memory is backed up front.
+  bool advise_huge_pages = false;
 };
 
 // Bytes of a tensor's loaded form laid out as `runs` runs of `run_bytes`, the first `offset` bytes

@@ -136,8 +136,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             default): the engine picks the fastest safe route per tensor: tensors of a local,
             unencrypted file whose pages are in the page cache are mapped copy-on-write
             (zero-copy; writes to a tensor stay private), tensors not in the page cache are read
-            with direct I/O into huge-page memory, everything else is copied into huge-page
-            memory. True: map every tensor that can be mapped. False: plain copies into memory
+            with direct I/O into fresh memory, everything else is copied into fresh memory.
+            True: map every tensor that can be mapped. False: plain copies into memory
             torch allocates. The ``TENSORIZER_MMAP`` environment variable ("1" or "0") sets
             True or False when the argument is None. Mapped tensors stay valid when the file is
             deleted or replaced by rename; truncating it in place while they live raises SIGBUS

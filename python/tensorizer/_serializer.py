@@ -184,8 +184,8 @@ class TensorSerializer:
             del requests  # the engine is done with the memory
 
     def _snapshot(self, requests: List[_Request]) -> List[_Request]:
-        """`requests` with the caller's memory replaced by one engine snapshot (huge pages, all
-        cores): the only part of a background write the caller waits for."""
+        """`requests` with the caller's memory replaced by one engine snapshot (all cores): the
+        only part of a background write the caller waits for."""
         shared = [k for k, r in enumerate(requests) if r.shared]
         if not shared:
             return requests

@@ -11,7 +11,7 @@
 
 namespace tensorizer::engine {
 
-std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size, bool huge_pages) {
+std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size) {
   // A size the file declares (a meta tensor's) may exceed any address space: refuse it before
   // the rounding below could wrap.
   constexpr size_t kMaxBytes = size_t{1} << 47;  // x86-64 and arm64 user address space
@@ -25,14 +25,13 @@ std::shared_ptr<HostBlock> HostBlock::anonymous(size_t size, bool huge_pages) {
   if (raw == MAP_FAILED)
     fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) +
                              " bytes of host memory: " + std::strerror(errno));
-  // Keep the 2 MiB-aligned middle, so every huge page of it can be a real one.
+  // Keep the 2 MiB-aligned middle, so that where the system gives huge pages, every one is whole.
   const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (begin + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
   if (aligned > begin) munmap(raw, aligned - begin);
   const uintptr_t end = aligned + rounded;
   if (begin + padded > end) munmap(reinterpret_cast<void*>(end), begin + padded - end);
   auto* data = reinterpret_cast<uint8_t*>(aligned);
-  if (huge_pages) madvise(data, rounded, MADV_HUGEPAGE);  // best effort
   return std::shared_ptr<HostBlock>(new HostBlock(data, rounded));
 }
 

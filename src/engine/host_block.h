@@ -9,15 +9,16 @@
 
 namespace tensorizer::engine {
 
-// One mapping, unmapped on destruction: anonymous memory (2 MiB-aligned; advised for huge pages
-// when asked: direct reads then pin 2 MiB per page, but on a VM that backs guest memory lazily a
-// fresh huge page costs a host fault per 4 KiB on first touch, which made copies from the page
-// cache 2x slower in a fresh process: 0.30-0.41 s against 0.16-0.21 s for 0.8 GB), or a whole local
-// file mapped copy-on-write (writes stay private; the kernel maps the page cache's large folios
-// with 2 MiB entries, so pre-faulting a cached file costs almost nothing).
+// One mapping, unmapped on destruction: anonymous memory in 4 KiB pages (2 MiB-aligned, so a
+// system whose THP policy is "always" may still back it with huge pages; never advised
+// MADV_HUGEPAGE: on a VM that backs guest memory lazily, the first touch of a fresh huge page
+// costs 3-4x that of 4 KiB pages once the memory has gone back to the host, as at a cold start:
+// 0.95-1.34 s against 0.30-0.33 s for 800 MB), or a whole local file mapped copy-on-write (writes
+// stay private; the kernel maps the page cache's large folios with 2 MiB entries, so pre-faulting
+// a cached file costs almost nothing).
 class HostBlock {
  public:
-  static std::shared_ptr<HostBlock> anonymous(size_t size, bool huge_pages);
+  static std::shared_ptr<HostBlock> anonymous(size_t size);
   static std::shared_ptr<HostBlock> file_private(int fd, size_t size, const std::string& what);
   ~HostBlock();
   HostBlock(const HostBlock&) = delete;

@@ -39,7 +39,7 @@ bool can_direct(Reader& r, const IndexEntry& e) {
   return plain_local(r, e) && (can_move_down(e) || e.data_offset % view_alignment(r, e) == 0);
 }
 
-// Reads runs of neighbouring tensors with O_DIRECT into one huge-page block; then, per tensor,
+// Reads runs of neighbouring tensors with O_DIRECT into one anonymous block; then, per tensor,
 // parses its header from the block, moves its data to a 64-byte boundary and checks hashes.
 void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<size_t>& entries,
                  const LoadOptions& opt, std::vector<HostTensor>& out,
@@ -74,7 +74,7 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
     run_of[k] = runs.size() - 1;
   }
   total += runs.back().end - runs.back().begin;
-  auto block = HostBlock::anonymous(total, /*huge_pages=*/true);
+  auto block = HostBlock::anonymous(total);
 
   struct Piece {
     uint64_t offset, length, required, block_offset;
@@ -113,7 +113,7 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
   });
 }
 
-// Loads the tensors with Reader::load into one huge-page block, each at a 64-byte boundary.
+// Loads the tensors with Reader::load into one anonymous block, each at a 64-byte boundary.
 void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOptions& opt,
                  std::vector<HostTensor>& out, const std::vector<size_t>& slots) {
   std::vector<uint64_t> offsets(entries.size());
@@ -122,7 +122,7 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
     offsets[k] = total;
     total = align_up(total + r.entries()[entries[k]].expected_bytes(), kAlignment);
   }
-  auto block = HostBlock::anonymous(total, /*huge_pages=*/false);
+  auto block = HostBlock::anonymous(total);
   std::vector<TensorDestination> dests;
   dests.reserve(entries.size());
   for (size_t k = 0; k < entries.size(); ++k)

@@ -41,7 +41,7 @@ std::shared_ptr<void> snapshot_data(std::vector<WriteRequest>& requests, int wor
     total += (sizes.back() + kAlignment - 1) / kAlignment * kAlignment;
   }
   if (total == 0) return nullptr;
-  auto block = engine::HostBlock::anonymous(total, /*huge_pages=*/true);
+  auto block = engine::HostBlock::anonymous(total);
   std::vector<Piece> pieces;
   for (size_t i = 0; i < requests.size(); ++i)
     for (uint64_t at = 0; at < sizes[i]; at += kPieceBytes)
