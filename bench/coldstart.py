@@ -3,10 +3,12 @@
 Each row is one fresh process (bench/child.py --warmup 0 --reps 1) doing one load with default
 options and touching every 4 KiB page of the result once (one byte per page), timed from the call to
 the end of that first touch; the checksum of every byte follows, untimed, to check the data. Before
-a "warm" row the file is read once with cat; before a "cold" row every benchmark file is synced and
-dropped from the page cache (fsync + posix_fadvise(DONTNEED), unprivileged).
-Rounds alternate the row order; the table gives the median and min-max of the rounds, the memory
-the first load held (private RSS + page cache the file still occupies) and its peak.
+a "warm" row the file is dropped and read once with cat (see warm()); before a "cold" row every
+benchmark file is synced and dropped from the page cache (fsync + posix_fadvise(DONTNEED),
+unprivileged); then the row waits SETTLE_S seconds, so that the memory earlier rows freed has gone
+back to the host as before a real cold start. Rounds alternate the row order; the table gives the
+median and min-max of the rounds, the memory the first load held (private RSS + page cache the file
+still occupies) and its peak.
 
 Run by bench.py (make bench), or alone over the files of an earlier `make bench`:
   .venv-bench/bin/python bench/coldstart.py --ref-python .venv-ref/bin/python [--rounds 3]
@@ -17,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,6 +37,11 @@ ROWS = [
     ("dd iflag=direct bs=16M", "baseline", "dd_direct", "ours"),
 ]
 STATES = ("warm", "cold")
+# Seconds each row waits before it starts. A VM whose balloon reports free memory to the host (this
+# one: virtio_balloon, reporting 2 s after pages are freed) backs it lazily again, so a process
+# started right after another one freed its memory gets memory the host still backs and skips the
+# host faults a real cold start pays: fresh huge pages then fault 10x faster than after a pause.
+SETTLE_S = 3.0
 
 
 def drop(path):
@@ -47,7 +55,11 @@ def drop(path):
 
 
 def warm(path):
-    """Reads the whole file once so that its pages are in the page cache."""
+    """Drops the file, then reads it once with cat: its pages are in the page cache, in the folios
+    one sequential read makes. How big those are depends on how the pages came in (a mapped read's
+    faults, dd's 16 MiB reads and cat's readahead each leave other sizes), and mapping a file cached
+    in small folios costs ~10x more page-table entries, so every warm row starts from this state."""
+    drop(path)
     subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
 
 
@@ -60,9 +72,10 @@ def cached_bytes(path):
         return None
 
 
-def run(paths, python_for, run_child, expected=None, rounds=3, wanted=()):
+def run(paths, python_for, run_child, expected=None, rounds=3, wanted=(), settle=SETTLE_S):
     """Returns one dict per (row, state): label, state, times (s), bytes, memory, errors.
-    python_for(system) names the interpreter of a system; run_child is bench.run_child."""
+    python_for(system) names the interpreter of a system; run_child is bench.run_child; each row
+    starts `settle` seconds after the previous one ended (see SETTLE_S)."""
     one_load = argparse.Namespace(reps=1, warmup=0, touch="pages")
     rows = [r for r in ROWS if os.path.exists(paths[r[3]]) and (not wanted or any(w in r[0] for w in wanted))]
     results = {
@@ -81,6 +94,7 @@ def run(paths, python_for, run_child, expected=None, rounds=3, wanted=()):
                         drop(f)
                 else:
                     warm(path)
+                time.sleep(settle)
                 print(f"  coldstart round {rnd + 1}/{rounds} {state:4} {label} ...", flush=True)
                 res = run_child(python_for(system), "load", task, path, one_load)
                 out = results[(label, state)]
@@ -149,6 +163,7 @@ def main():
     ap.add_argument("--ref-python", default=os.path.join(HERE, "..", ".venv-bench-ref", "bin", "python"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="")
+    ap.add_argument("--settle", type=float, default=SETTLE_S, help="seconds each row waits before it starts")
     args = ap.parse_args()
     paths = {k: os.path.join(args.data_dir, v) for k, v in bench.FILES.items()}
 
@@ -156,7 +171,7 @@ def main():
         return {"ref": args.ref_python}.get(system, sys.executable)
 
     wanted = [w for w in args.only.split(",") if w]
-    print(table(run(paths, python_for, bench.run_child, rounds=args.rounds, wanted=wanted)))
+    print(table(run(paths, python_for, bench.run_child, rounds=args.rounds, wanted=wanted, settle=args.settle)))
 
 
 if __name__ == "__main__":

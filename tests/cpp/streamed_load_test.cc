@@ -54,8 +54,8 @@ class StreamingSource final : public Source {
     }
     uint64_t total = 0, done = 0;
     for (size_t i = 0; i < count; ++i) total += slices[i].size;
-    const bool slow = log_->slow_first_share && offset < bytes_->size() / 4 &&
-                      !log_->slow_taken.exchange(true);
+    const bool slow =
+        log_->slow_first_share && offset < bytes_->size() / 4 && !log_->slow_taken.exchange(true);
     size_t slice = 0, within = 0;
     while (done < total) {
       uint64_t n = budget.reserve(done, std::min<uint64_t>(total - done, 1 << 20));
