@@ -31,8 +31,9 @@ std::string thp_mode() {
              : all.substr(open + 1, close - open - 1);
 }
 
-// AnonHugePages (bytes) of the mappings that lie inside [begin, end).
-uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
+// AnonHugePages (bytes) of the mappings [lo, hi) that `pick(lo, hi)` accepts.
+template <typename Pick>
+uint64_t anon_huge_bytes(Pick pick) {
   std::ifstream f("/proc/self/smaps");
   uint64_t total = 0;
   bool inside = false;
@@ -41,7 +42,7 @@ uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
     char dash = 0;
     std::istringstream head(line);
     if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo >= begin && hi <= end;
+      inside = pick(lo, hi);
       continue;
     }
     if (inside && line.rfind("AnonHugePages:", 0) == 0)
@@ -50,22 +51,15 @@ uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
   return total;
 }
 
-// AnonHugePages (bytes) of the mapping that holds `p`.
+// Of the mappings that lie inside [begin, end).
+uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
+  return anon_huge_bytes([&](uintptr_t lo, uintptr_t hi) { return lo >= begin && hi <= end; });
+}
+
+// Of the mapping that holds `p`.
 uint64_t anon_huge_bytes_at(const void* p) {
   const auto at = reinterpret_cast<uintptr_t>(p);
-  std::ifstream f("/proc/self/smaps");
-  bool inside = false;
-  for (std::string line; std::getline(f, line);) {
-    uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= at && at < hi;
-      continue;
-    }
-    if (inside && line.rfind("AnonHugePages:", 0) == 0) return std::stoull(line.substr(14)) * 1024;
-  }
-  return 0;
+  return anon_huge_bytes([&](uintptr_t lo, uintptr_t hi) { return lo <= at && at < hi; });
 }
 
 class HugePagesTest : public ::testing::Test {
