@@ -114,11 +114,13 @@ def cooperative_load_command(argv: List[str]) -> int:
         state = cooperative_load(args.SRC, slice_plan=plan, device=args.device)
         seconds = time.perf_counter() - start
         held = sum(t.numel() * t.element_size() for t in state.values())
-        print(
+        # One write per line (print() writes the text and the newline apart when stdout is
+        # unbuffered, as under torchrun), so the ranks' lines never interleave in a shared pipe.
+        sys.stdout.write(
             f"rank {rank}/{world}: {len(state)} tensors, {held / 1e9:.3f} GB held,"
-            f" {state.bytes_read / 1e9:.3f} GB read from the source, {seconds:.2f} s",
-            flush=True,
+            f" {state.bytes_read / 1e9:.3f} GB read from the source, {seconds:.2f} s\n"
         )
+        sys.stdout.flush()
     finally:
         dist.destroy_process_group()
     return 0
