@@ -40,15 +40,17 @@ void write_samples(const std::string& path, const std::vector<Sample>& ts, bool 
   test::write_sample_tensors(path, ts, "<f4", o);
 }
 
-void drop_page_cache(const std::string& path) {
+void warm_page_cache(const std::string& path) { (void)test::read_file(path); }
+
+// Drops [offset, offset + length) of the file from the page cache (its whole pages; length 0:
+// to the end).
+void drop_range(const std::string& path, uint64_t offset, uint64_t length) {
   int fd = ::open(path.c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
-  fdatasync(fd);
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  fdatasync(fd);  // dirty pages stay
+  posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
   ::close(fd);
 }
-
-void warm_page_cache(const std::string& path) { (void)test::read_file(path); }
 
 bool direct_io_works(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -108,7 +110,7 @@ TEST_P(HostLoadTest, AutoMapsCachedPagesAndReadsColdOnesDirect) {
     EXPECT_EQ(got[0].via, GetParam() ? LoadedVia::kMapped : LoadedVia::kCopied);
     EXPECT_EQ(got[5].via, LoadedVia::kCopied);
   }
-  drop_page_cache(path_);
+  drop_range(path_, 0, 0);
   auto r = Reader::open(path_);
   auto got = load_to_host(*r, all_entries(*r));
   expect_samples(got, ts_);
@@ -117,6 +119,46 @@ TEST_P(HostLoadTest, AutoMapsCachedPagesAndReadsColdOnesDirect) {
                 .fraction(r->entries()[0].data_offset, r->entries()[0].data_length),
             0.5)
       << "direct reads leave the page cache alone";
+}
+
+// A warm file that lost a few tensors' pages (reclaim ages pages out of a cache nobody reads) is
+// mapped whole: only the missing pages are read, through the page cache, which holds the file
+// whole again afterwards. A file mostly gone from the cache still reads its cold tensors direct.
+TEST(HostLoadRoutes, AWarmFileMissingAFewTensorsIsMappedWholeAndCachedAgain) {
+  test::TempDir dir;
+  const std::string path = dir.path("m.tensors");
+  std::mt19937_64 rng(11);
+  std::vector<Sample> ts;
+  for (int i = 0; i < 20; ++i) {
+    std::string b(size_t{4} << 20, '\0');
+    for (auto& c : b) c = static_cast<char>(rng());
+    ts.push_back({"t" + std::to_string(i), std::move(b)});
+  }
+  write_samples(path, ts, /*aligned=*/true);
+  if (!direct_io_works(path)) GTEST_SKIP() << "no direct I/O on this file system";
+  auto cached = [&](Reader& r, size_t i) {
+    return engine::Residency(r.source().local_fd())
+        .fraction(r.entries()[i].data_offset, r.entries()[i].data_length);
+  };
+
+  warm_page_cache(path);
+  {
+    auto r = Reader::open(path);
+    drop_range(path, r->entries()[3].data_offset, r->entries()[3].data_length);
+    ASSERT_EQ(cached(*r, 3), 0.0);
+    auto got = load_to_host(*r, all_entries(*r));
+    expect_samples(got, ts);
+    for (size_t i = 0; i < ts.size(); ++i) EXPECT_EQ(got[i].via, LoadedVia::kMapped) << i;
+    EXPECT_EQ(cached(*r, 3), 1.0) << "the missing pages came back into the page cache";
+  }
+
+  auto r = Reader::open(path);
+  for (size_t i = 0; i < 8; ++i)
+    drop_range(path, r->entries()[i].data_offset, r->entries()[i].data_length);
+  auto got = load_to_host(*r, all_entries(*r));
+  expect_samples(got, ts);
+  for (size_t i = 0; i < ts.size(); ++i)
+    EXPECT_EQ(got[i].via, i < 8 ? LoadedVia::kDirect : LoadedVia::kMapped) << i;
 }
 
 TEST_P(HostLoadTest, ResultsOutliveTheReaderAndTheFile) {
@@ -149,7 +191,7 @@ TEST_P(HostLoadTest, VerifyHashCatchesAFlippedByteOnEveryRoute) {
   for (HostRoute route :
        {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy, HostRoute::kAuto}) {
     SCOPED_TRACE(static_cast<int>(route));
-    if (route == HostRoute::kAuto) drop_page_cache(path_);
+    if (route == HostRoute::kAuto) drop_range(path_, 0, 0);
     auto r = Reader::open(path_);
     LoadOptions o;
     o.verify_hash = true;
@@ -194,7 +236,7 @@ TEST(HostLoadFixtures, ReferenceFilesLoadExactlyOnEveryRoute) {
     const auto& tensors = test::manifest()["files"][name]["tensors"];
     for (HostRoute route :
          {HostRoute::kAuto, HostRoute::kDirect, HostRoute::kMap, HostRoute::kCopy}) {
-      drop_page_cache(path);
+      drop_range(path, 0, 0);
       auto r = Reader::open(path);
       LoadOptions o;
       o.verify_hash = true;
