@@ -4,7 +4,8 @@
 // have exactly the reference keys and round-trip byte for byte; a rewrite replaces the old keys, an
 // aborted write changes nothing, prefixes with glob characters are taken literally, a missing
 // prefix is kNotFound; a safetensors object (written, or copied from a file) is keyed by its parts
-// and reads back byte for byte, with no end marker.
+// and reads back byte for byte, with no end marker; a tensor-sized key is read in 1 MiB GETRANGE
+// pieces, not one GET whose reply the server would buffer whole.
 #include "remote_test_util.h"
 #include "tensorizer/safetensors_writer.h"
 
@@ -16,6 +17,20 @@ struct RedisConn {
   ~RedisConn() { redisFree(c); }
   redisContext* c;
 };
+
+// The server's count of GETRANGE commands so far (INFO commandstats).
+long long getrange_calls(redisContext* c) {
+  auto* r = static_cast<redisReply*>(redisCommand(c, "INFO commandstats"));
+  EXPECT_TRUE(r && r->type == REDIS_REPLY_STRING);
+  long long calls = 0;
+  if (r && r->type == REDIS_REPLY_STRING) {
+    const std::string info(r->str, r->len), field = "cmdstat_getrange:calls=";
+    const size_t at = info.find(field);
+    if (at != std::string::npos) calls = std::atoll(info.c_str() + at + field.size());
+  }
+  freeReplyObject(r);
+  return calls;
+}
 
 TEST(TransportRedisTest, ReferenceLayoutFixturesLoadBitExact) {
   TZ_SERVER_ENV(url, "TZ_TEST_REDIS_URL");
@@ -60,6 +75,24 @@ TEST(TransportRedisTest, SafetensorsObjectsAreKeyedByPartsAndReadBackExactly) {
     reader->load({{*reader->find("w"), got.data()}}, {.num_workers = 4});
     EXPECT_TRUE(got == w);
   }
+}
+
+TEST(TransportRedisTest, ATensorSizedKeyIsReadInMiBPieces) {
+  TZ_SERVER_ENV(url, "TZ_TEST_REDIS_URL");
+  RedisConn r(url);
+  const std::vector<SafetensorsTensor> tensors = {{"w", "<f4", {(12u << 20) / 4 + 5}}};
+  std::string w((12u << 20) + 20, '\0');
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<char>(i * 7 + i / 4099);
+  const std::vector<const void*> data = {w.data()};
+  const std::string prefix = test::unique_name("pieces");
+  write_safetensors(*open_sink(url + "/" + prefix), tensors, data);
+
+  const long long before = getrange_calls(r.c);
+  auto reader = Reader::open(url + "/" + prefix);
+  std::string got(w.size(), '\0');
+  reader->load({{*reader->find("w"), got.data()}}, {.num_workers = 1});  // one read of the key
+  EXPECT_TRUE(got == w);
+  EXPECT_GE(getrange_calls(r.c) - before, 13);  // 12 MiB + 20 bytes: 13 pieces, no whole GET
 }
 
 TEST(TransportRedisTest, WrittenObjectHasTheReferenceKeysAndRoundTrips) {
