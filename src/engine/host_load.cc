@@ -9,7 +9,6 @@
 #include "common/worker_pool.h"
 #include "engine/direct_io.h"
 #include "engine/host_block.h"
-#include "engine/prefault.h"
 #include "engine/verify_tensor.h"
 #include "tensorizer/error.h"
 #include "tensorizer/mapped_load.h"
@@ -135,13 +134,7 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
     dests.push_back({entries[k], block->data() + offsets[k], /*zeroed=*/true});
   LoadOptions copy_options = opt;
   copy_options.advise_huge_pages = false;  // see HostBlock::anonymous
-  {
-    // From a remote source the receivers wait on the wire: map the block ahead of them.
-    std::unique_ptr<engine::BackgroundPrefault> prefault;
-    if (r.source().local_fd() < 0)
-      prefault = std::make_unique<engine::BackgroundPrefault>(block->data(), total);
-    r.load(dests, copy_options);
-  }
+  r.load(dests, copy_options);
   for (size_t k = 0; k < entries.size(); ++k) {
     const size_t n = r.entries()[entries[k]].expected_bytes();
     uint8_t* data = block->data() + offsets[k];

@@ -1,5 +1,7 @@
-// BackgroundPrefault (engine/prefault.h): maps every page of a fresh range without changing a byte,
-// including bytes written while it runs, and stops early when destroyed.
+// engine/prefault.h: BackgroundPrefault maps every page of fresh ranges without changing a byte,
+// including bytes written while it runs, and stops early when asked or destroyed;
+// map_ahead_of_write maps the whole pages of a fresh range and leaves alone a range already
+// mapped, one too small to matter and memory that is not mapped at all.
 #include "engine/prefault.h"
 
 #include <gtest/gtest.h>
@@ -67,6 +69,53 @@ TEST(BackgroundPrefault, StopsWhenDestroyed) {
   EXPECT_LE(done, kBytes);
   BackgroundPrefault nothing(nullptr, 0);  // an empty range starts no thread
   EXPECT_EQ(nothing.done(), 0u);
+}
+
+TEST(BackgroundPrefault, MapsSeveralUnalignedRangesAndStopsWhenAsked) {
+  Fresh f;
+  ASSERT_NE(f.data, MAP_FAILED);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  {
+    // Two ranges cut mid-page, and a null one: the whole pages inside the two are mapped.
+    BackgroundPrefault prefault(
+        {{f.data + 100, 4 * page}, {nullptr, page}, {f.data + 8 * page, 2 * page}});
+    for (int i = 0; i < 500 && prefault.done() < 5 * page; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (prefault.done() == 0) GTEST_SKIP() << "no MADV_POPULATE_WRITE on this kernel";
+    EXPECT_EQ(prefault.done(), 5 * page);  // pages 1-3 and 8-9
+  }
+  EXPECT_EQ(f.resident_pages(), 5u);
+  Fresh g;
+  BackgroundPrefault stopped(g.data, kBytes);
+  stopped.stop();  // returns at once; the thread ends at its next piece
+  const size_t at_stop = stopped.done();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_LE(stopped.done(), at_stop + (size_t{4} << 20));
+}
+
+TEST(MapAheadOfWrite, MapsAFreshRangeAndLeavesOthersAlone) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  Fresh f;
+  ASSERT_NE(f.data, MAP_FAILED);
+  map_ahead_of_write(f.data + 100, kBytes - 200);  // the whole pages inside: all but two
+  if (f.resident_pages() == 0) GTEST_SKIP() << "no MADV_POPULATE_WRITE on this kernel";
+  EXPECT_EQ(f.resident_pages(), kBytes / page - 2);
+  for (size_t i = 0; i < kBytes; i += page / 2) ASSERT_EQ(f.data[i], 0) << i;
+
+  Fresh started;  // its first page written already: someone is filling it, leave it be
+  started.data[0] = 7;
+  map_ahead_of_write(started.data, kBytes);
+  EXPECT_EQ(started.resident_pages(), 1u);
+  EXPECT_EQ(started.data[0], 7);
+
+  Fresh small;
+  map_ahead_of_write(small.data, 32 << 10);  // under 64 KiB: a few faults cost less than a call
+  EXPECT_EQ(small.resident_pages(), 0u);
+
+  void* gone = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(gone, MAP_FAILED);
+  munmap(gone, 1 << 20);
+  map_ahead_of_write(gone, 1 << 20);  // not mapped (as device memory would be): nothing happens
 }
 
 }  // namespace
