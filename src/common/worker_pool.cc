@@ -73,7 +73,7 @@ int default_workers(int requested, int source_preferred) {
 }
 
 int paying_shares(uint64_t bytes, double request_seconds) {
-  constexpr double kShareBytesPerRequestSecond = 1e9;
+  constexpr double kShareBytesPerRequestSecond = 2e9;  // see worker_pool.h
   const double per_share = request_seconds * kShareBytesPerRequestSecond;
   if (per_share <= 0) return std::numeric_limits<int>::max();
   return static_cast<int>(std::clamp(static_cast<double>(bytes) / per_share, 1.0, 1e6));

@@ -27,11 +27,12 @@ int usable_cores();
 int default_workers(int requested, int source_preferred = 0);
 
 // How many long reads of `bytes` in all pay for themselves when one request costs
-// `request_seconds` (a first small read's time): each should carry at least 1 GB per second of
-// that wait, i.e. stream for about four waits at 250 MB/s, one connection's pace on real object
-// stores. Loopback nginx (a wait under a millisecond) gets every worker; moto, whose every
-// request copies the whole object first (a wait of 0.3 s or more), gets one or two. At least 1;
-// a wait of 0 (not measured) puts no bound.
+// `request_seconds` (a first small read's time): each should carry at least 2 GB per second of
+// that wait, i.e. stream for about eight waits at 250 MB/s, one connection's pace on real object
+// stores (a 1 GB object with 30-60 ms first bytes still gets 8). Loopback nginx (a wait under a
+// millisecond) gets every worker; moto, whose every request copies the whole object first (about
+// 0.47 s per GB) while its other transfers stall, gets one: two shares loaded 0.98 GB at
+// 0.28-0.31 GB/s, one at 0.70-0.84. At least 1; a wait of 0 (not measured) puts no bound.
 int paying_shares(uint64_t bytes, double request_seconds);
 
 }  // namespace tensorizer

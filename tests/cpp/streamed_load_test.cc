@@ -1,7 +1,8 @@
 // Streamed loads (the engine's schedule for sources that prefer long reads, such as HTTP and S3),
 // on CPU through an in-memory source: each worker reads its share in one long read, a worker that
 // runs out takes the untouched half of the slowest share, no byte is read twice, errors end every
-// worker, and the bytes are exact with and without hash checks.
+// worker, and the bytes are exact with and without hash checks; the number of shares follows what a
+// request costs.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/worker_pool.h"
 #include "remote_test_util.h"
 #include "test_util.h"
 
@@ -101,6 +103,16 @@ std::shared_ptr<const std::string> model_bytes(const test::Model& m) {
   w->write(m.requests);
   w->close();
   return std::make_shared<const std::string>(test::read_file(dir.path("m.tensors")));
+}
+
+// How many long reads a load makes, from what the open's first read took (worker_pool.h).
+TEST(StreamedLoadTest, SharesAreAsManyAsPayForTheirRequest) {
+  EXPECT_EQ(paying_shares(981'528'576, 0.46), 1);  // moto: its whole-object copy per request
+  EXPECT_EQ(paying_shares(981'528'576, 0.65), 1);
+  EXPECT_GE(paying_shares(1'000'000'000, 0.0005), 8);  // loopback nginx: every worker
+  EXPECT_EQ(paying_shares(1'000'000'000, 0.05), 10);   // a real object store's first byte
+  EXPECT_EQ(paying_shares(100'000, 0.05), 1);
+  EXPECT_GT(paying_shares(1, 0), 1'000'000);  // not measured: no bound
 }
 
 TEST(StreamedLoadTest, IdleWorkersTakeOverTheSlowShareAndNoByteIsReadTwice) {
