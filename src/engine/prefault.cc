@@ -16,30 +16,33 @@ namespace {
 constexpr size_t kPiece = size_t{4} << 20;      // between checks of the stop flag
 constexpr size_t kMinAhead = size_t{64} << 10;  // smaller writes: a few traps, not worth a call
 
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// The whole pages inside [data, data + size): where they start and how many bytes (0 if none).
+std::pair<uint8_t*, size_t> whole_pages(void* data, size_t size) {
+  const uintptr_t page = page_size(), at = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t begin = (at + page - 1) / page * page, end = (at + size) / page * page;
+  if (data == nullptr || end <= begin) return {nullptr, 0};
+  return {reinterpret_cast<uint8_t*>(begin), end - begin};
+}
+
 }  // namespace
 
 void map_ahead_of_write(void* data, size_t size) {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) / page * page;
-  if (end <= begin || end - begin < kMinAhead) return;
+  const auto [begin, bytes] = whole_pages(data, size);
+  if (bytes < kMinAhead) return;
   unsigned char first = 1;
-  if (mincore(reinterpret_cast<void*>(begin), page, &first) != 0 || (first & 1)) return;
-  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);  // best effort
+  if (mincore(begin, page_size(), &first) != 0 || (first & 1)) return;
+  madvise(begin, bytes, MADV_POPULATE_WRITE);  // best effort
 }
 
-BackgroundPrefault::BackgroundPrefault(uint8_t* data, size_t size)
-    : BackgroundPrefault(std::vector<std::pair<uint8_t*, size_t>>{{data, size}}) {}
-
-BackgroundPrefault::BackgroundPrefault(std::vector<std::pair<uint8_t*, size_t>> given) {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::vector<std::pair<uint8_t*, size_t>> ranges;  // the whole pages of each
-  for (const auto& [data, size] : given) {
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) / page * page;
-    if (data != nullptr && end > begin)
-      ranges.emplace_back(reinterpret_cast<uint8_t*>(begin), end - begin);
-  }
+BackgroundPrefault::BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& given) {
+  std::vector<std::pair<uint8_t*, size_t>> ranges;
+  for (const auto& [data, size] : given)
+    if (auto pages = whole_pages(data, size); pages.second > 0) ranges.push_back(pages);
   if (ranges.empty()) return;
   thread_ = std::thread([this, ranges = std::move(ranges)] {
     size_t done = 0;

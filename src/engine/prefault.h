@@ -26,10 +26,9 @@ void map_ahead_of_write(void* data, size_t size);
 
 class BackgroundPrefault {
  public:
-  // Starts mapping the ranges, in order; does nothing where the kernel lacks MADV_POPULATE_WRITE
-  // (before 5.14).
-  explicit BackgroundPrefault(std::vector<std::pair<uint8_t*, size_t>> ranges);
-  BackgroundPrefault(uint8_t* data, size_t size);
+  // Starts mapping the whole pages of each range (data, size), in order; does nothing where the
+  // kernel lacks MADV_POPULATE_WRITE (before 5.14).
+  explicit BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& ranges);
   // Stops at the next piece and joins.
   ~BackgroundPrefault();
   BackgroundPrefault(const BackgroundPrefault&) = delete;

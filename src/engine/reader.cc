@@ -311,7 +311,7 @@ class LoadJob {
       for (const auto& d : dests_)  // meta tensors write nothing: their pages stay unmapped
         if (!r_.entries[d.entry].is_meta())
           ranges.emplace_back(static_cast<uint8_t*>(d.data), r_.entries[d.entry].expected_bytes());
-      prefault_ = &prefault.emplace(std::move(ranges));
+      prefault_ = &prefault.emplace(ranges);
     }
     // A source that prefers long reads, with no read size forced on it, streams one share per
     // worker; otherwise each worker takes the next item, one read each. Either way a worker's

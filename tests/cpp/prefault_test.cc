@@ -42,7 +42,7 @@ TEST(BackgroundPrefault, MapsEveryPageAndKeepsWhatIsWritten) {
   ASSERT_EQ(f.resident_pages(), 0u);
   std::memset(f.data + kBytes / 2, 0xAB, 1 << 20);  // written before
   {
-    BackgroundPrefault prefault(f.data, kBytes);
+    BackgroundPrefault prefault({{f.data, kBytes}});
     std::memset(f.data + kBytes - (1 << 20), 0xCD, 1 << 20);  // written while it runs
     for (int i = 0; i < 500 && prefault.done() < kBytes; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -63,11 +63,11 @@ TEST(BackgroundPrefault, StopsWhenDestroyed) {
   ASSERT_NE(f.data, MAP_FAILED);
   size_t done;
   {
-    BackgroundPrefault prefault(f.data, kBytes);
+    BackgroundPrefault prefault({{f.data, kBytes}});
     done = prefault.done();
   }  // joins at the next 4 MiB piece
   EXPECT_LE(done, kBytes);
-  BackgroundPrefault nothing(nullptr, 0);  // an empty range starts no thread
+  BackgroundPrefault nothing({{nullptr, 0}});  // an empty range starts no thread
   EXPECT_EQ(nothing.done(), 0u);
 }
 
@@ -86,7 +86,7 @@ TEST(BackgroundPrefault, MapsSeveralUnalignedRangesAndStopsWhenAsked) {
   }
   EXPECT_EQ(f.resident_pages(), 5u);
   Fresh g;
-  BackgroundPrefault stopped(g.data, kBytes);
+  BackgroundPrefault stopped({{g.data, kBytes}});
   stopped.stop();  // returns at once; the thread ends at its next piece
   const size_t at_stop = stopped.done();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
