@@ -4,8 +4,8 @@
 // Routes (LoadedVia), chosen per tensor under HostRoute::kAuto:
 //  - kMapped: a tensor of a local, unencrypted file, stored 64-byte aligned, whose pages are
 //    mostly in the page cache (or of a file whose mappable bytes are at least 90% cached) is
-//    mapped copy-on-write and pre-faulted in parallel (mapped_load.h): no copy, no fresh memory,
-//    no second copy of the bytes in RAM; missing pages come in through the page cache.
+//    mapped copy-on-write and pre-faulted in the background (mapped_load.h): no copy, no fresh
+//    memory, no second copy of the bytes in RAM; missing pages come in through the page cache.
 //  - kDirect: a tensor of a local, unencrypted file whose pages are not in the page cache is read
 //    with O_DIRECT, in large aligned reads with several in flight, into anonymous memory (no
 //    page-cache copy either; 4 KiB pages, see engine/host_block.h for why not huge ones). Tensors

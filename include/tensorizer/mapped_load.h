@@ -1,10 +1,12 @@
 // tensorizer/mapped_load.h — zero-copy loading of tensors from a memory-mapped local file.
 //
 // For a local, unencrypted file, each selected tensor's data is mapped copy-on-write
-// (MAP_PRIVATE, so writing to a tensor never changes the file) and pre-faulted from the page cache
-// by N workers (MADV_POPULATE_READ): no bytes are copied and no fresh memory is zeroed. The tensors
-// of one call are views of one mapping of the whole file (so the kernel maps the page cache's large
-// folios 2 MiB at a time); dropping a tensor gives back its pages, the last one unmaps the file.
+// (MAP_PRIVATE, so writing to a tensor never changes the file): no bytes are copied and no fresh
+// memory is zeroed. The tensors of one call are views of one mapping of the whole file (so the
+// kernel maps the page cache's large folios 2 MiB at a time); a thread of the mapping's own maps
+// their pages (MADV_POPULATE_READ) while the caller goes on to build its tensors, so the mapping
+// work (about 2 ms per GB) overlaps the caller's and first touches find the pages mapped. Dropping
+// a tensor gives back its pages, the last one stops that thread and unmaps the file.
 //
 // Contract: the file must not be truncated or rewritten in place while a mapping is alive
 // (the kernel would raise SIGBUS on access); files written by this library are replaced by
@@ -38,9 +40,9 @@ uint64_t view_alignment(Reader& reader, const IndexEntry& entry);
 // Whether map_tensors() can serve this entry of this reader (plain_local and view-aligned).
 bool can_map(Reader& reader, size_t entry);
 
-// Maps the given entries (each must pass can_map) and pre-faults them with
-// options.num_workers threads; with options.verify_hash every stored hash is checked
-// (kHashMismatch naming the tensor).
+// Maps the given entries (each must pass can_map), reading their headers, and starts mapping their
+// pages in the background (above); with options.verify_hash every stored hash is checked on
+// options.num_workers threads (kHashMismatch naming the tensor).
 std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>& entries,
                                       const LoadOptions& options = {});
 

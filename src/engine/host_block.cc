@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "engine/huge_pages.h"
+#include "engine/prefault.h"
 #include "tensorizer/error.h"
 
 namespace tensorizer::engine {
@@ -42,7 +43,18 @@ std::shared_ptr<HostBlock> HostBlock::file_private(int fd, size_t size, const st
   return std::shared_ptr<HostBlock>(new HostBlock(static_cast<uint8_t*>(p), size));
 }
 
-HostBlock::~HostBlock() { munmap(data_, size_); }
+void HostBlock::map_in_background(const std::vector<std::pair<uint8_t*, size_t>>& ranges) {
+  prefault_ = std::make_unique<BackgroundPrefault>(ranges, BackgroundPrefault::Access::kRead);
+}
+
+void HostBlock::wait_mapped() {
+  if (prefault_) prefault_->wait();
+}
+
+HostBlock::~HostBlock() {
+  prefault_.reset();  // stops at its next piece: nothing may map pages of an unmapped block
+  munmap(data_, size_);
+}
 
 std::shared_ptr<void> block_view(std::shared_ptr<HostBlock> block, uint8_t* data, size_t size) {
   return std::shared_ptr<void>(data, [block = std::move(block), size](void* p) mutable {

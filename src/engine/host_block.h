@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/prefault.h"
 
 namespace tensorizer::engine {
 
@@ -24,11 +28,18 @@ class HostBlock {
   HostBlock(const HostBlock&) = delete;
   HostBlock& operator=(const HostBlock&) = delete;
   uint8_t* data() const { return data_; }
+  // Maps the pages of each range (data, size) inside the block on a thread of its own (read-only:
+  // a file block's page cache pages, no copy), while the caller goes on; the block stops and joins
+  // it before it is unmapped. At most one such thread per block.
+  void map_in_background(const std::vector<std::pair<uint8_t*, size_t>>& ranges);
+  // Waits for map_in_background to finish (tests).
+  void wait_mapped();
 
  private:
   HostBlock(uint8_t* data, size_t size) : data_(data), size_(size) {}
   uint8_t* data_;
   size_t size_;
+  std::unique_ptr<BackgroundPrefault> prefault_;
 };
 
 // An owner for [data, data+size) inside `block`: when it goes, the 2 MiB pages wholly inside the

@@ -14,28 +14,14 @@
 #include "common/worker_pool.h"
 #include "engine/host_block.h"
 #include "engine/verify_tensor.h"
+#include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
-
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
 
 namespace tensorizer {
 namespace {
 
-constexpr uint64_t kPopulatePiece = 64ull << 20;  // unit of work for the pre-faulting workers
 constexpr uint64_t kDataAlignment = 64;
 constexpr uint64_t kPmdBytes = 2ull << 20;  // what one page-table entry maps for a huge folio
-
-// Faults in [p, p+n) read-only from the page cache.
-void populate(uint8_t* p, size_t n) {
-  if (madvise(p, n, MADV_POPULATE_READ) == 0) return;
-  // Kernels before 5.14: touch one byte per page instead.
-  const long page = sysconf(_SC_PAGESIZE);
-  volatile uint8_t sink = 0;
-  for (size_t i = 0; i < n; i += static_cast<size_t>(page)) sink = sink + p[i];
-  (void)sink;
-}
 
 }  // namespace
 
@@ -72,22 +58,25 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
   std::vector<MappedTensor> out;
   out.reserve(entries.size());
   for (size_t entry : entries) {
+    check_cancelled();  // each tensor is a work item: a cancelled or late load stops here
     const IndexEntry& e = reader.entries()[entry];
     if (e.header_offset > e.data_offset ||
         e.data_offset + e.data_length > static_cast<uint64_t>(st.st_size))
       fail(ErrorCode::kFormat,
            "tensor '" + display_path(e.path) + "' runs past the end of '" + reader.uri() + "'");
-    // The header, from the mapping: checked against the index; module index, hashes.
-    reader.adopt_header(entry,
-                        std::string(reinterpret_cast<const char*>(block->data() + e.header_offset),
-                                    e.header_size()));
+    // The header, read (not faulted in through the mapping, which maps its pages in the
+    // background): checked against the index; module index, hashes.
+    std::string header(e.header_size(), '\0');
+    if (!header.empty()) reader.source().read_at(e.header_offset, header.data(), header.size());
+    reader.adopt_header(entry, std::move(header));
     reader.count_bytes_read(e.header_size() + e.data_length);
     uint8_t* data = block->data() + e.data_offset;
     out.push_back({entry, data, engine::block_view(block, data, e.data_length)});
   }
 
-  // Pre-fault on N workers, in pieces of the merged tensor ranges widened to 2 MiB boundaries: a
-  // fault at the first page of a PMD-sized folio maps it whole, one in its middle only one page.
+  // Map the pages on a thread of the block's own while the caller builds its tensors, in the
+  // merged tensor ranges widened to 2 MiB boundaries: a fault at the first page of a PMD-sized
+  // folio maps it whole, one in its middle only one page.
   std::vector<std::pair<uint64_t, uint64_t>> spans;  // [begin, end) in the file
   for (const MappedTensor& m : out) {
     const IndexEntry& e = reader.entries()[m.entry];
@@ -98,16 +87,14 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
     spans.push_back({b, end});
   }
   std::sort(spans.begin(), spans.end());
-  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  std::vector<std::pair<uint8_t*, size_t>> ranges;
   for (size_t k = 0; k < spans.size();) {
     uint64_t b = spans[k].first, end = spans[k].second;
     for (++k; k < spans.size() && spans[k].first <= end; ++k) end = std::max(end, spans[k].second);
-    for (uint64_t off = b; off < end; off += kPopulatePiece)
-      pieces.push_back({off, std::min(kPopulatePiece, end - off)});
+    ranges.push_back({block->data() + b, end - b});
   }
+  block->map_in_background(ranges);
   const int workers = default_workers(options.num_workers);
-  parallel_for(pieces.size(), workers,
-               [&](size_t i) { populate(block->data() + pieces[i].first, pieces[i].second); });
   if (options.verify_hash)
     parallel_for(out.size(), workers,
                  [&](size_t t) { engine::verify_tensor(reader, out[t].entry, out[t].data); });

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -39,18 +42,20 @@ void map_ahead_of_write(void* data, size_t size) {
   madvise(begin, bytes, MADV_POPULATE_WRITE);  // best effort
 }
 
-BackgroundPrefault::BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& given) {
+BackgroundPrefault::BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& given,
+                                       Access access) {
+  const int advice = access == Access::kRead ? MADV_POPULATE_READ : MADV_POPULATE_WRITE;
   std::vector<std::pair<uint8_t*, size_t>> ranges;
   for (const auto& [data, size] : given)
     if (auto pages = whole_pages(data, size); pages.second > 0) ranges.push_back(pages);
   if (ranges.empty()) return;
-  thread_ = std::thread([this, ranges = std::move(ranges)] {
+  thread_ = std::thread([this, advice, ranges = std::move(ranges)] {
     size_t done = 0;
     for (const auto& [data, size] : ranges)
       for (size_t off = 0; off < size; off += kPiece) {
         if (stop_.load(std::memory_order_relaxed)) return;
         const size_t n = std::min(kPiece, size - off);
-        if (madvise(data + off, n, MADV_POPULATE_WRITE) != 0) break;  // unsupported, not ours
+        if (madvise(data + off, n, advice) != 0) break;  // unsupported, not ours
         done_.store(done += n, std::memory_order_relaxed);
       }
   });

@@ -7,7 +7,8 @@
 // MADV_POPULATE_WRITE). So the workers map each piece of their destinations before writing it
 // (map_ahead_of_write), and a remote load, whose workers first wait for the server's first byte,
 // maps its destinations during that wait (BackgroundPrefault). MADV_POPULATE_WRITE never changes
-// contents, so either may run over bytes already written.
+// contents, so either may run over bytes already written. A mapped load's file mapping is mapped
+// the same way, read-only (MADV_POPULATE_READ), while the caller builds its tensors.
 #pragma once
 
 #include <atomic>
@@ -26,9 +27,11 @@ void map_ahead_of_write(void* data, size_t size);
 
 class BackgroundPrefault {
  public:
+  enum class Access { kWrite, kRead };  // MADV_POPULATE_WRITE / MADV_POPULATE_READ
   // Starts mapping the whole pages of each range (data, size), in order; does nothing where the
-  // kernel lacks MADV_POPULATE_WRITE (before 5.14).
-  explicit BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& ranges);
+  // kernel lacks MADV_POPULATE_* (before 5.14). kRead maps file pages without copying them.
+  explicit BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& ranges,
+                              Access access = Access::kWrite);
   // Stops at the next piece and joins.
   ~BackgroundPrefault();
   BackgroundPrefault(const BackgroundPrefault&) = delete;
@@ -39,6 +42,10 @@ class BackgroundPrefault {
   void stop() { stop_.store(true, std::memory_order_relaxed); }
   // Bytes mapped so far (tests).
   size_t done() const { return done_.load(std::memory_order_relaxed); }
+  // Waits until every range is mapped (or the thread stopped).
+  void wait() {
+    if (thread_.joinable()) thread_.join();
+  }
 
  private:
   std::atomic<bool> stop_{false};

@@ -1,17 +1,26 @@
 // engine/prefault.h: BackgroundPrefault maps every page of fresh ranges without changing a byte,
-// including bytes written while it runs, and stops early when asked or destroyed;
+// including bytes written while it runs, and stops early when asked or destroyed; read-only, it
+// maps a private file mapping's cached pages without copying them (engine/host_block.h's
+// map_in_background);
 // map_ahead_of_write maps the whole pages of a fresh range and leaves alone a range already
 // mapped, one too small to matter and memory that is not mapped at all.
 #include "engine/prefault.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "engine/host_block.h"
 
 namespace tensorizer::engine {
 namespace {
@@ -91,6 +100,62 @@ TEST(BackgroundPrefault, MapsSeveralUnalignedRangesAndStopsWhenAsked) {
   const size_t at_stop = stopped.done();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_LE(stopped.done(), at_stop + (size_t{4} << 20));
+}
+
+// A field of /proc/self/smaps ("Rss", "Anonymous", ...) of the mapping holding `p`, in bytes.
+uint64_t smaps_bytes(const void* p, const std::string& field) {
+  std::ifstream f("/proc/self/smaps");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(f, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (inside && line.rfind(field + ":", 0) == 0)
+      return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+TEST(BackgroundPrefault, MapsAFilesCachedPagesReadOnlyWithoutCopyingThem) {
+  if (madvise(Fresh().data, 4096, 22 /* MADV_POPULATE_READ */) != 0)
+    GTEST_SKIP() << "no MADV_POPULATE_READ on this kernel (before 5.14)";
+  const std::string path = testing::TempDir() + "/prefault_read.bin";
+  std::vector<uint8_t> bytes(size_t{16} << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + (i >> 12));
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+  }
+  const int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  {
+    auto block = HostBlock::file_private(fd, bytes.size(), path);
+    EXPECT_EQ(smaps_bytes(block->data(), "Rss"), 0u);  // a fresh mapping: nothing mapped yet
+    block->map_in_background({{block->data(), bytes.size()}});
+    block->wait_mapped();
+    EXPECT_EQ(smaps_bytes(block->data(), "Rss"), bytes.size());  // every page, from the cache
+    EXPECT_EQ(smaps_bytes(block->data(), "Anonymous"), 0u);      // none of them copied
+    EXPECT_EQ(std::memcmp(block->data(), bytes.data(), bytes.size()), 0);
+    block->data()[5] = 0xEE;  // still a private mapping: the write stays here
+    EXPECT_EQ(smaps_bytes(block->data(), "Anonymous"), 4096u);
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string first(8, '\0');
+  in.read(first.data(), 8);
+  EXPECT_EQ(static_cast<uint8_t>(first[5]), bytes[5]);
+  {
+    // Dropped while its thread maps: the block stops and joins it before unmapping.
+    auto block = HostBlock::file_private(fd, bytes.size(), path);
+    block->map_in_background({{block->data(), bytes.size()}});
+  }
+  close(fd);
+  std::remove(path.c_str());
 }
 
 TEST(MapAheadOfWrite, MapsAFreshRangeAndLeavesOthersAlone) {
