@@ -3,9 +3,11 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "tensorizer/crypto.h"
 #include "tensorizer/tensor_path.h"
@@ -35,6 +37,11 @@ std::shared_ptr<tensorizer::Source> engine_source_of(nb::handle obj);
 tensorizer::TensorPath path_from_python(nb::handle obj);
 // A TensorPath as a Python tuple of str/int components.
 nb::tuple path_to_python(const tensorizer::TensorPath& path);
+
+// A torch tensor of `shape` and `dtype` over the CPU memory at `data`, which `owner` keeps alive
+// until torch frees the tensor (torch_tensor.cc).
+nb::object torch_tensor_over(void* data, const std::vector<size_t>& shape, nb::dlpack::dtype dtype,
+                             std::shared_ptr<void> owner);
 
 // Decryption from (key: bytes | None, passphrase: bytes | None, kdf_limits: KdfLimits | None, the
 // default); nullopt when key and passphrase are None.

@@ -154,9 +154,6 @@ class PyReader {
     nb::list out;
     std::vector<size_t> shape;
     for (auto& t : loaded) {
-      auto* keep = new std::shared_ptr<void>(std::move(t.owner));
-      nb::capsule owner(keep,
-                        [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
       // Typed and shaped when DLPack names the dtype (one object, no views in Python); else bytes.
       const auto& e = r.entries()[t.entry];
       const auto dtype = dlpack_dtype(e.dtype);
@@ -164,11 +161,10 @@ class PyReader {
         shape.assign(e.shape.begin(), e.shape.end());
       else
         shape.assign({t.size});
-      nb::ndarray<nb::pytorch> arr(t.data, shape.size(), shape.data(), owner, nullptr,
-                                   dtype.value_or(nb::dtype<uint8_t>()));
-      out.append(nb::make_tuple(nb::cast(arr, nb::rv_policy::reference),
-                                nb::cast(*r.loaded_info(t.entry), nb::rv_policy::copy),
-                                tensorizer::to_string(t.via)));
+      out.append(nb::make_tuple(
+          torch_tensor_over(t.data, shape, dtype.value_or(nb::dtype<uint8_t>()),
+                            std::move(t.owner)),
+          nb::cast(*r.loaded_info(t.entry), nb::rv_policy::copy), tensorizer::to_string(t.via)));
     }
     return out;
   }

@@ -3,6 +3,7 @@ file is in the page cache, direct I/O when it is not, copies otherwise (encrypte
 cached, mmap=False). Every route gives the stored bytes, verify_hash catches a flipped byte on each,
 and mapped tensors survive what users do to files: delete, replace by rename, close, write to them."""
 
+import gc
 import hashlib
 import os
 import shutil
@@ -78,6 +79,28 @@ def test_cached_file_is_mapped(written):
         routes = _routes(d)
     assert routes["big.f16"] == routes["odd.i64"] == routes["small"] == "mapped"
     assert routes["empty"] == "copied"
+
+
+def _mapped(path):
+    with open("/proc/self/maps") as maps:
+        return str(path) in maps.read()
+
+
+def test_the_last_mapped_tensor_unmaps_the_file(written):
+    """Each tensor owns a share of the mapping: it stays while any tensor lives, even after the
+    deserializer and its other tensors are gone, and the last one unmaps the file."""
+    path, sd = written
+    _warm(path)
+    d = TensorDeserializer(str(path), device="cpu")
+    assert _routes(d)["big.f16"] == "mapped"
+    kept = d["odd.i64"]
+    del d
+    gc.collect()
+    assert _mapped(path)
+    assert tensor_bytes(kept) == tensor_bytes(sd["odd.i64"])
+    del kept
+    gc.collect()
+    assert not _mapped(path)
 
 
 def test_cold_file_is_read_direct_with_the_same_bytes(written):
