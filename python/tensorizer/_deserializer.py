@@ -259,22 +259,23 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
     def _index_and_load(self, reader, filter_func, slice_plan) -> None:
         """Builds the records of every entry (filtered), then loads them unless lazy."""
         self._records: Dict[TensorPath, _Record] = {}
-        for i, e in enumerate(reader.entries()):
+        records, types = self._records, _TENSOR_TYPES
+        for i, e in enumerate(reader.entries()):  # each engine attribute read once: they convert
             path = TensorPath(e.path)
-            shape = e.shape
-            entry = TensorEntry(
-                metadata_version=5 if any(d >= 1 << 32 for d in shape) else 1,
-                name=path,
-                type=_TENSOR_TYPES[e.type] if e.type in _TENSOR_TYPES else TensorType(e.type),
-                dtype=e.dtype,
-                shape=shape,
-                offset=e.header_offset,
-                data_offset=e.data_offset,
-                data_length=e.data_length,
-                hashes=None,
-                header_hashes=None,
+            shape, kind, dtype = e.shape, e.type, e.dtype
+            entry = TensorEntry(  # positional, in field order: a keyword call costs more per tensor
+                5 if shape and max(shape) >= 1 << 32 else 1,  # metadata_version
+                path,
+                types[kind] if kind in types else TensorType(kind),
+                dtype,
+                shape,
+                e.header_offset,
+                e.data_offset,
+                e.data_length,
+                None,  # hashes: known once the tensor's header is read
+                None,  # header_hashes
             )
-            self._records[path] = _Record(i, entry, _dtypes.parse(e.dtype), e.expected_bytes)
+            records[path] = _Record(i, entry, _dtypes.parse(dtype), e.expected_bytes)
         if filter_func is not None:
             self._records = {p: r for p, r in self._records.items() if filter_func(p.normalize_())}
         self._plan: Dict[TensorPath, Any] = _slice_plan(self._records, slice_plan)
@@ -412,7 +413,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                 self._loaded_via[path] = "copied"
         device = self._device
         for path, r, tensor, info in zip(paths, records, tensors, infos):
-            r.module_idx, r.hashable_header = info.module_idx, info.hashable_header
+            r.info = info
             r.entry.hashes = _tensor_hashes(info.hashes)
             if path in into:  # loaded into a module's own tensor: it is the result
                 existing = into[path]

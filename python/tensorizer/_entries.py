@@ -89,13 +89,24 @@ class TensorEntry:
         return self.metadata_version >= LONG_TENSOR_TENSORIZER_VERSION
 
 
-@dataclasses.dataclass
 class _Record:
-    """What the deserializer knows about one tensor beyond its TensorEntry."""
+    """What the deserializer knows about one tensor beyond its TensorEntry. `info` is the engine's
+    TensorInfo once the tensor's header was read; its module index and hashable header are asked of
+    it when needed (the hashable header is built on request: only verify_module wants it)."""
 
-    index: int  # position in the engine's index
-    entry: TensorEntry
-    dtype: "_dtypes.StoredDType"
-    expected_bytes: int
-    module_idx: Optional[int] = None
-    hashable_header: Optional[bytes] = None
+    __slots__ = ("index", "entry", "dtype", "expected_bytes", "info")
+
+    def __init__(self, index: int, entry: TensorEntry, dtype: "_dtypes.StoredDType", expected_bytes: int):
+        self.index = index  # position in the engine's index
+        self.entry = entry
+        self.dtype = dtype
+        self.expected_bytes = expected_bytes
+        self.info: Any = None
+
+    @property
+    def module_idx(self) -> Optional[int]:
+        return None if self.info is None else self.info.module_idx
+
+    @property
+    def hashable_header(self) -> Optional[bytes]:
+        return None if self.info is None else self.info.hashable_header
