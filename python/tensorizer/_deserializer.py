@@ -199,6 +199,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self._cache: Dict[TensorPath, torch.nn.Parameter] = {}
         self._bytes_read_closed = 0
         self._read_cursor = -1  # position of the last tensor yielded by read_tensors()
+        self._unhashed: List[_Record] = []  # loaded records whose entry.hashes are not filled in yet
 
         device = utils.get_device() if device is None else torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
@@ -279,7 +280,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         if filter_func is not None:
             self._records = {p: r for p, r in self._records.items() if filter_func(p.normalize_())}
         self._plan: Dict[TensorPath, Any] = _slice_plan(self._records, slice_plan)
-        self._metadata: Dict[TensorPath, TensorEntry] = {p: r.entry for p, r in self._records.items()}
+        self._index_entries: Dict[TensorPath, TensorEntry] = {p: r.entry for p, r in self._records.items()}
         self._order: Dict[TensorPath, int] = {p: k for k, p in enumerate(self._records)}
         self._structure = _tensor_path.build_tree(list(self._records))
 
@@ -288,6 +289,20 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             self._bulk_load(list(self._records), None)
             self.total_tensor_bytes = sum(r.entry.data_length for r in self._records.values())
             self._close_source()
+
+    @property
+    def _metadata(self) -> Dict[TensorPath, TensorEntry]:
+        """The index as the reference keeps it (private there too), each loaded tensor's entry with
+        its stored hashes."""
+        self._fill_hashes()
+        return self._index_entries
+
+    def _fill_hashes(self) -> None:
+        """Sets entry.hashes of the records loaded since the last call: made on request, since
+        building hundreds of small objects per load costs a fresh process about a millisecond."""
+        pending, self._unhashed = self._unhashed, []
+        for r in pending:
+            r.entry.hashes = _tensor_hashes(r.info.hashes)
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -414,7 +429,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         device = self._device
         for path, r, tensor, info in zip(paths, records, tensors, infos):
             r.info = info
-            r.entry.hashes = _tensor_hashes(info.hashes)
+            self._unhashed.append(r)  # entry.hashes made when asked for (_metadata, verify_module)
             if path in into:  # loaded into a module's own tensor: it is the result
                 existing = into[path]
                 self._loaded_via[path] = "in-place"
@@ -713,6 +728,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         tensors.update(m.state_dict())
         tensors.update(m.named_buffers())
         results: List[Tuple[Any, bool]] = []
+        self._fill_hashes()
         for path, r in self._records.items():
             name = path.normalize_()
             tensor = tensors.get(name)

@@ -2,10 +2,12 @@
 shared tensors, numpy arrays, nested state dicts, modules, file objects, and the deserializer's
 options (lazy_load, filter_func, dtype, num_readers, verify_hash, tree, read_* paging)."""
 
+import hashlib
 import io
 import os
 import threading
 import warnings
+import zlib
 
 import numpy
 import pytest
@@ -14,6 +16,7 @@ import torch
 from conftest import tensor_bytes
 from interop_data import DTYPES, InteropModule, filled_module, patterned
 from tensorizer import TensorDeserializer, TensorSerializer, TensorType, utils
+from tensorizer.serialization import HashType
 
 
 def write_sd(path, sd, **kwargs):
@@ -469,3 +472,25 @@ def test_loads_leave_the_garbage_collector_as_they_found_it(tmp_path):
 
 def _raise():
     raise ValueError("filter failed")
+
+
+@pytest.mark.parametrize("mmap", [None, False])
+def test_metadata_hashes_are_the_stored_ones_once_loaded(tmp_path, mmap):
+    """Each loaded tensor's index entry carries the hashes its header stores (filled in when the
+    index is asked for): CRC32 then SHA-256 of the hashable header followed by the tensor's bytes."""
+    path = str(tmp_path / "h.tensors")
+    sd = {"w": torch.arange(1000, dtype=torch.float32), "b": torch.tensor([True, False])}
+    s = TensorSerializer(path)
+    s.write_state_dict(sd)
+    s.close()
+    d = TensorDeserializer(path, device="cpu", mmap=mmap, lazy_load=True)
+    assert all(e.hashes is None for e in d._metadata.values())  # nothing read yet
+    d["w"]  # loads "w" only
+    by_name = {p.normalize_(): (p, e) for p, e in d._metadata.items()}
+    assert by_name["b"][1].hashes is None
+    p, e = by_name["w"]
+    data = d._records[p].hashable_header + tensor_bytes(sd["w"])
+    assert [h.type for h in e.hashes] == [HashType.CRC32, HashType.SHA256]
+    assert e.hashes[0].hash == zlib.crc32(data).to_bytes(4, "little")
+    assert e.hashes[1].hash == hashlib.sha256(data).digest()
+    d.close()
