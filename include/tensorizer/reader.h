@@ -136,6 +136,9 @@ class Reader {
   const LoadedTensorInfo& adopt_header(size_t entry, std::string header_bytes);
   // Header details of a tensor that has been loaded or had its header read (nullptr before).
   const LoadedTensorInfo* loaded_info(size_t entry) const;
+  // Moves those details out (nullptr if none): the reader forgets them (loaded_info() is then
+  // nullptr, a later load re-reads the header), for callers that keep them past the reader.
+  std::unique_ptr<LoadedTensorInfo> take_loaded_info(size_t entry);
   // Decrypts in place `size` bytes of tensor `entry`'s data that start `offset` bytes into it (a
   // multiple of the encryption chunk size; whole chunks, the last may be the tensor's short one),
   // using the crypt info of its header (read_header or adopt_header first). Throws kCrypto on a

@@ -49,11 +49,30 @@ std::optional<nb::dlpack::dtype> dlpack_dtype(const std::string& stored) {
   return std::nullopt;
 }
 
+// The headers one load read, moved out of the reader in request order: no copy and no Python
+// object per tensor (hundreds of small objects cost a fresh process about a millisecond); Python
+// asks for one tensor's module index, stored hashes or hashable header when it needs them.
+struct LoadedInfos {
+  LoadedInfos() = default;
+  LoadedInfos(LoadedInfos&&) = default;
+  LoadedInfos& operator=(LoadedInfos&&) = default;
+  LoadedInfos(const LoadedInfos&) = delete;                          // owns the headers
+  std::vector<std::unique_ptr<tensorizer::LoadedTensorInfo>> infos;  // null: no header read
+  const tensorizer::LoadedTensorInfo* at(size_t k) const {
+    return k < infos.size() ? infos[k].get() : nullptr;
+  }
+  // Takes entries[k]'s header details out of `r` for each k.
+  static LoadedInfos take(Reader& r, const std::vector<size_t>& entries) {
+    LoadedInfos out;
+    out.infos.reserve(entries.size());
+    for (size_t e : entries) out.infos.push_back(r.take_loaded_info(e));
+    return out;
+  }
+};
+
 // Owns a Reader; serializes loads from several Python threads (the GIL is released meanwhile).
 class PyReader {
  public:
-  using InfoList = std::vector<std::optional<tensorizer::LoadedTensorInfo>>;
-
   explicit PyReader(std::unique_ptr<Reader> r) : reader_(std::move(r)) {}
 
   // `target`: anything source_from_python takes (path, URI, descriptor, file object, stream).
@@ -86,9 +105,9 @@ class PyReader {
   // The index, one IndexEntry per tensor (copies: they outlive the reader).
   std::vector<tensorizer::IndexEntry> entries() { return get().entries(); }
 
-  // Loads entries[i] into addresses[i]; returns, per tensor, what its header said (TensorInfo).
-  InfoList load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
-                int num_workers, bool verify_hash) {
+  // Loads entries[i] into addresses[i]; returns what each tensor's header said (LoadedInfos).
+  LoadedInfos load(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
+                   int num_workers, bool verify_hash) {
     return load_into(indices, addresses, num_workers, verify_hash,
                      [](Reader& r, const auto& dests, const auto& opt) { r.load(dests, opt); });
   }
@@ -112,9 +131,9 @@ class PyReader {
   // Loads entries[i] into addresses[i] through the staging ring (tensorizer/staged_load.h): device
   // memory of CUDA device `device`, or, with device -1, any host memory via the host backend.
   // `cudart` names the CUDA runtime library to use when not empty. Returns what load() returns.
-  InfoList load_staged(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
-                       int device, int num_workers, bool verify_hash, uint64_t ring_bytes,
-                       const std::string& cudart) {
+  LoadedInfos load_staged(const std::vector<size_t>& indices,
+                          const std::vector<uintptr_t>& addresses, int device, int num_workers,
+                          bool verify_hash, uint64_t ring_bytes, const std::string& cudart) {
     tensorizer::StagingOptions staging;
     if (ring_bytes) staging.ring_bytes = ring_bytes;
     return load_into(indices, addresses, num_workers, verify_hash,
@@ -127,10 +146,10 @@ class PyReader {
 
   // Loads entries[i] into memory the engine owns, by the route `route` asks for ("auto", "map",
   // "direct", "copy"; see tensorizer/host_load.h); returns, per tensor, a 1-D uint8 torch tensor
-  // owning its bytes (typed and shaped where DLPack can say the dtype, else 1-D uint8), its
-  // TensorInfo, and the route taken.
-  nb::list load_host(const std::vector<size_t>& indices, int num_workers, bool verify_hash,
-                     const std::string& route) {
+  // owning its bytes (typed and shaped where DLPack can say the dtype, else 1-D uint8) and the
+  // route taken; and what each tensor's header said (LoadedInfos), in the same order.
+  nb::tuple load_host(const std::vector<size_t>& indices, int num_workers, bool verify_hash,
+                      const std::string& route) {
     static const std::pair<const char*, tensorizer::HostRoute> kRoutes[] = {
         {"auto", tensorizer::HostRoute::kAuto},
         {"map", tensorizer::HostRoute::kMap},
@@ -145,10 +164,13 @@ class PyReader {
     tensorizer::LoadOptions opt;
     opt.num_workers = num_workers;
     opt.verify_hash = verify_hash;
+    LoadedInfos infos;
     std::vector<tensorizer::HostTensor> loaded = interruptible(
         [&] {
           std::lock_guard<std::mutex> lock(mu_);
-          return tensorizer::load_to_host(r, indices, opt, found->second);
+          auto out = tensorizer::load_to_host(r, indices, opt, found->second);
+          infos = LoadedInfos::take(r, indices);
+          return out;
         },
         deadline_);
     nb::list out;
@@ -161,12 +183,12 @@ class PyReader {
         shape.assign(e.shape.begin(), e.shape.end());
       else
         shape.assign({t.size});
-      out.append(nb::make_tuple(
-          torch_tensor_over(t.data, shape, dtype.value_or(nb::dtype<uint8_t>()),
-                            std::move(t.owner)),
-          nb::cast(*r.loaded_info(t.entry), nb::rv_policy::copy), tensorizer::to_string(t.via)));
+      out.append(
+          nb::make_tuple(torch_tensor_over(t.data, shape, dtype.value_or(nb::dtype<uint8_t>()),
+                                           std::move(t.owner)),
+                         tensorizer::to_string(t.via)));
     }
-    return out;
+    return nb::make_tuple(out, nb::cast(std::move(infos)));
   }
 
   // `size` raw bytes of the object at `offset` (to_redis), read straight into the new bytes object
@@ -203,13 +225,12 @@ class PyReader {
   bool closed() const { return !reader_; }
 
  private:
-  // Copies of the headers a load read, in request order (None where a tensor has none).
   // Runs `run` (a load into caller memory) without the GIL for entries[i] -> addresses[i];
-  // returns copies of the headers it read, in request order.
+  // returns the headers it read, in request order.
   using LoadFn = std::function<void(Reader&, const std::vector<tensorizer::TensorDestination>&,
                                     const tensorizer::LoadOptions&)>;
-  InfoList load_into(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
-                     int num_workers, bool verify_hash, const LoadFn& run) {
+  LoadedInfos load_into(const std::vector<size_t>& indices, const std::vector<uintptr_t>& addresses,
+                        int num_workers, bool verify_hash, const LoadFn& run) {
     if (indices.size() != addresses.size())
       throw nb::value_error("indices and addresses differ in length");
     std::vector<tensorizer::TensorDestination> dests;
@@ -219,23 +240,16 @@ class PyReader {
     tensorizer::LoadOptions opt;
     opt.num_workers = num_workers;
     opt.verify_hash = verify_hash;
-    std::vector<const tensorizer::LoadedTensorInfo*> infos(indices.size(), nullptr);
+    LoadedInfos infos;
     Reader& r = get();
     interruptible(
         [&] {
           std::lock_guard<std::mutex> lock(mu_);
           run(r, dests, opt);
-          for (size_t k = 0; k < indices.size(); ++k) infos[k] = r.loaded_info(indices[k]);
+          infos = LoadedInfos::take(r, indices);
         },
         deadline_);
-    return info_list(infos);
-  }
-
-  static InfoList info_list(const std::vector<const tensorizer::LoadedTensorInfo*>& infos) {
-    InfoList out;
-    out.reserve(infos.size());
-    for (const auto* info : infos) out.push_back(info ? std::optional(*info) : std::nullopt);
-    return out;
+    return infos;
   }
 
   std::unique_ptr<Reader> reader_;
@@ -274,24 +288,36 @@ void register_reader(nb::module_& m) {
                std::to_string(e.data_length) + " bytes at " + std::to_string(e.data_offset) + ")";
       });
   using tensorizer::LoadedTensorInfo;
-  nb::class_<LoadedTensorInfo>(m, "TensorInfo",
-                               "What a tensor's own header said when it was loaded.")
-      .def_ro("module_idx", &LoadedTensorInfo::module_idx)
-      .def_prop_ro(
+  // Each accessor takes the tensor's position in its load's request; None where no header was read.
+  nb::class_<LoadedInfos>(m, "LoadedInfos",
+                          "What the tensors' own headers said, in the order a load asked for them.")
+      .def("__len__", [](const LoadedInfos& l) { return l.infos.size(); })
+      .def("module_idx",
+           [](const LoadedInfos& l, size_t k) -> std::optional<int> {
+             if (const LoadedTensorInfo* info = l.at(k)) return info->module_idx;
+             return std::nullopt;
+           })
+      .def(
           "hashes",
-          [](const LoadedTensorInfo& info) {
+          [](const LoadedInfos& l,
+             size_t k) -> std::optional<std::vector<std::pair<int, nb::bytes>>> {
+            const LoadedTensorInfo* info = l.at(k);
+            if (!info) return std::nullopt;
             std::vector<std::pair<int, nb::bytes>> out;
-            for (const auto& h : info.header.hashes)
+            for (const auto& h : info->header.hashes)
               out.emplace_back(static_cast<int>(h.type),
-                               nb::bytes(info.header_bytes.data() + h.value_offset, h.value_size));
+                               nb::bytes(info->header_bytes.data() + h.value_offset, h.value_size));
             return out;
           },
           "the stored hashes: (HashType value, digest bytes)")
-      .def_prop_ro(
+      .def(
           "hashable_header",
-          [](const LoadedTensorInfo& info) {
-            const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-            std::string h = tensorizer::hashable_header(raw, info.header_bytes.size(), info.header);
+          [](const LoadedInfos& l, size_t k) -> std::optional<nb::bytes> {
+            const LoadedTensorInfo* info = l.at(k);
+            if (!info) return std::nullopt;
+            const auto* raw = reinterpret_cast<const uint8_t*>(info->header_bytes.data());
+            std::string h =
+                tensorizer::hashable_header(raw, info->header_bytes.size(), info->header);
             return nb::bytes(h.data(), h.size());
           },
           "the header bytes the stored hashes cover (zeroed hash values)");

@@ -302,7 +302,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         building hundreds of small objects per load costs a fresh process about a millisecond."""
         pending, self._unhashed = self._unhashed, []
         for r in pending:
-            r.entry.hashes = _tensor_hashes(r.info.hashes)
+            r.entry.hashes = _tensor_hashes(r.infos.hashes(r.at) or ())
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -410,13 +410,12 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             for path in paths:
                 self._loaded_via[path] = "staged"
         elif self._route is not None:
-            loaded = self._reader.load_host(indices, self._num_readers, verify_hash, self._route)
+            loaded, infos = self._reader.load_host(indices, self._num_readers, verify_hash, self._route)
             tensors = [
                 raw if raw.dtype == r.dtype.torch else raw.view(r.dtype.torch).view(r.entry.shape)
-                for (raw, _, _), r in zip(loaded, records)
+                for (raw, _), r in zip(loaded, records)
             ]
-            infos = [info for _, info, _ in loaded]
-            for path, (_, _, via) in zip(paths, loaded):
+            for path, (_, via) in zip(paths, loaded):
                 self._loaded_via[path] = via
         else:
             tensors = [
@@ -427,8 +426,8 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             for path in paths:
                 self._loaded_via[path] = "copied"
         device = self._device
-        for path, r, tensor, info in zip(paths, records, tensors, infos):
-            r.info = info
+        for k, (path, r, tensor) in enumerate(zip(paths, records, tensors)):
+            r.infos, r.at = infos, k  # what its header said, asked for when needed
             self._unhashed.append(r)  # entry.hashes made when asked for (_metadata, verify_module)
             if path in into:  # loaded into a module's own tensor: it is the result
                 existing = into[path]

@@ -90,23 +90,25 @@ class TensorEntry:
 
 
 class _Record:
-    """What the deserializer knows about one tensor beyond its TensorEntry. `info` is the engine's
-    TensorInfo once the tensor's header was read; its module index and hashable header are asked of
-    it when needed (the hashable header is built on request: only verify_module wants it)."""
+    """What the deserializer knows about one tensor beyond its TensorEntry. Once the tensor is
+    loaded, `infos` is what its load's headers said (the engine's LoadedInfos, one per load) and
+    `at` its position there; its module index and hashable header are asked of it when needed (the
+    hashable header is built on request: only verify_module wants it)."""
 
-    __slots__ = ("index", "entry", "dtype", "expected_bytes", "info")
+    __slots__ = ("index", "entry", "dtype", "expected_bytes", "infos", "at")
 
     def __init__(self, index: int, entry: TensorEntry, dtype: "_dtypes.StoredDType", expected_bytes: int):
         self.index = index  # position in the engine's index
         self.entry = entry
         self.dtype = dtype
         self.expected_bytes = expected_bytes
-        self.info: Any = None
+        self.infos: Any = None
+        self.at = 0
 
     @property
     def module_idx(self) -> Optional[int]:
-        return None if self.info is None else self.info.module_idx
+        return None if self.infos is None else self.infos.module_idx(self.at)
 
     @property
     def hashable_header(self) -> Optional[bytes]:
-        return None if self.info is None else self.info.hashable_header
+        return None if self.infos is None else self.infos.hashable_header(self.at)

@@ -201,6 +201,9 @@ void Reader::count_bytes_read(uint64_t n) { impl_->bytes_read_elsewhere += n; }
 const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
   return entry < impl_->loaded.size() ? impl_->loaded[entry].get() : nullptr;
 }
+std::unique_ptr<LoadedTensorInfo> Reader::take_loaded_info(size_t entry) {
+  return entry < impl_->loaded.size() ? std::move(impl_->loaded[entry]) : nullptr;
+}
 
 const LoadedTensorInfo& Reader::read_header(size_t entry) {
   if (entry >= impl_->entries.size())

@@ -179,6 +179,28 @@ TEST(RoundTripTest, EveryDtype) {
   EXPECT_EQ(r->header().version, 2u);
 }
 
+TEST(RoundTripTest, TakenHeaderDetailsLeaveTheReaderAndAreReadAgainOnTheNextLoad) {
+  test::TempDir dir;
+  const std::string path = dir.path("t.tensors");
+  test::write_sample_tensors(path, {{"a", std::string(4096, 'a')}, {"b", std::string(64, 'b')}},
+                             "<f4");
+  auto r = Reader::open(path);
+  EXPECT_EQ(r->take_loaded_info(0), nullptr);   // nothing read yet
+  EXPECT_EQ(r->take_loaded_info(99), nullptr);  // no such entry
+  auto loaded = load_to_host(*r, {0, 1});
+  const LoadedTensorInfo* held = r->loaded_info(0);
+  ASSERT_NE(held, nullptr);
+  std::unique_ptr<LoadedTensorInfo> taken = r->take_loaded_info(0);
+  EXPECT_EQ(taken.get(), held);  // moved out, not copied
+  EXPECT_EQ(r->loaded_info(0), nullptr);
+  EXPECT_EQ(r->take_loaded_info(0), nullptr);
+  EXPECT_EQ(taken->header.hashes.size(), 2u);   // CRC32 and SHA-256, still readable here
+  EXPECT_NE(r->loaded_info(1), nullptr);        // the other tensor's stay
+  load_to_host(*r, {0}, {}, HostRoute::kCopy);  // a later load reads the header again
+  ASSERT_NE(r->loaded_info(0), nullptr);
+  EXPECT_EQ(r->loaded_info(0)->header_bytes, taken->header_bytes);
+}
+
 TEST(RoundTripTest, ShapeClasses) {
   test::TempDir dir;
   Batch b;
