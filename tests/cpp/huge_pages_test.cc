@@ -9,7 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "tensorizer/host_load.h"
 #include "tensorizer/reader.h"
@@ -31,36 +30,14 @@ std::string thp_mode() {
              : all.substr(open + 1, close - open - 1);
 }
 
-// AnonHugePages (bytes) of the mappings [lo, hi) that `pick(lo, hi)` accepts.
-template <typename Pick>
-uint64_t anon_huge_bytes(Pick pick) {
-  std::ifstream f("/proc/self/smaps");
-  uint64_t total = 0;
-  bool inside = false;
-  for (std::string line; std::getline(f, line);) {
-    uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = pick(lo, hi);
-      continue;
-    }
-    if (inside && line.rfind("AnonHugePages:", 0) == 0)
-      total += std::stoull(line.substr(14)) * 1024;
-  }
-  return total;
-}
-
-// Of the mappings that lie inside [begin, end).
+// AnonHugePages (bytes) of the mappings that lie inside [begin, end).
 uint64_t anon_huge_bytes(uintptr_t begin, uintptr_t end) {
-  return anon_huge_bytes([&](uintptr_t lo, uintptr_t hi) { return lo >= begin && hi <= end; });
+  return test::smaps_bytes("AnonHugePages",
+                           [&](uintptr_t lo, uintptr_t hi) { return lo >= begin && hi <= end; });
 }
 
 // Of the mapping that holds `p`.
-uint64_t anon_huge_bytes_at(const void* p) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  return anon_huge_bytes([&](uintptr_t lo, uintptr_t hi) { return lo <= at && at < hi; });
-}
+uint64_t anon_huge_bytes_at(const void* p) { return test::smaps_bytes_at(p, "AnonHugePages"); }
 
 class HugePagesTest : public ::testing::Test {
  protected:

@@ -15,12 +15,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/host_block.h"
+#include "test_util.h"
 
 namespace tensorizer::engine {
 namespace {
@@ -102,25 +102,6 @@ TEST(BackgroundPrefault, MapsSeveralUnalignedRangesAndStopsWhenAsked) {
   EXPECT_LE(stopped.done(), at_stop + (size_t{4} << 20));
 }
 
-// A field of /proc/self/smaps ("Rss", "Anonymous", ...) of the mapping holding `p`, in bytes.
-uint64_t smaps_bytes(const void* p, const std::string& field) {
-  std::ifstream f("/proc/self/smaps");
-  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(f, line);) {
-    uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= at && at < hi;
-      continue;
-    }
-    if (inside && line.rfind(field + ":", 0) == 0)
-      return std::stoull(line.substr(field.size() + 1)) * 1024;
-  }
-  return 0;
-}
-
 TEST(BackgroundPrefault, MapsAFilesCachedPagesReadOnlyWithoutCopyingThem) {
   if (madvise(Fresh().data, 4096, 22 /* MADV_POPULATE_READ */) != 0)
     GTEST_SKIP() << "no MADV_POPULATE_READ on this kernel (before 5.14)";
@@ -136,14 +117,16 @@ TEST(BackgroundPrefault, MapsAFilesCachedPagesReadOnlyWithoutCopyingThem) {
   ASSERT_GE(fd, 0);
   {
     auto block = HostBlock::file_private(fd, bytes.size(), path);
-    EXPECT_EQ(smaps_bytes(block->data(), "Rss"), 0u);  // a fresh mapping: nothing mapped yet
+    EXPECT_EQ(test::smaps_bytes_at(block->data(), "Rss"),
+              0u);  // a fresh mapping: nothing mapped yet
     block->map_in_background({{block->data(), bytes.size()}});
     block->wait_mapped();
-    EXPECT_EQ(smaps_bytes(block->data(), "Rss"), bytes.size());  // every page, from the cache
-    EXPECT_EQ(smaps_bytes(block->data(), "Anonymous"), 0u);      // none of them copied
+    EXPECT_EQ(test::smaps_bytes_at(block->data(), "Rss"),
+              bytes.size());                                          // every page, from the cache
+    EXPECT_EQ(test::smaps_bytes_at(block->data(), "Anonymous"), 0u);  // none of them copied
     EXPECT_EQ(std::memcmp(block->data(), bytes.data(), bytes.size()), 0);
     block->data()[5] = 0xEE;  // still a private mapping: the write stays here
-    EXPECT_EQ(smaps_bytes(block->data(), "Anonymous"), 4096u);
+    EXPECT_EQ(test::smaps_bytes_at(block->data(), "Anonymous"), 4096u);
   }
   std::ifstream in(path, std::ios::binary);
   std::string first(8, '\0');

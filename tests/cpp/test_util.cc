@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "tensorizer/dtype.h"
 #include "tensorizer/error.h"
@@ -169,6 +170,30 @@ int run_command(const std::string& cmd, std::string* out) {
     if (out) out->append(buf, n);
   int status = pclose(p);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+uint64_t smaps_bytes(const std::string& field,
+                     const std::function<bool(uintptr_t lo, uintptr_t hi)>& pick) {
+  std::ifstream f("/proc/self/smaps");
+  const std::string key = field + ":";
+  uint64_t total = 0;
+  bool inside = false;
+  for (std::string line; std::getline(f, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = pick(lo, hi);
+      continue;
+    }
+    if (inside && line.rfind(key, 0) == 0) total += std::stoull(line.substr(key.size())) * 1024;
+  }
+  return total;
+}
+
+uint64_t smaps_bytes_at(const void* p, const std::string& field) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  return smaps_bytes(field, [at](uintptr_t lo, uintptr_t hi) { return lo <= at && at < hi; });
 }
 
 }  // namespace tensorizer::test

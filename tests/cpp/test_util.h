@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -74,6 +76,12 @@ TensorPath path_from_json(const nlohmann::json& name);
 
 // CRC-32 (zlib polynomial), computed bit by bit: an independent check of crc32_update.
 uint32_t crc32_bitwise(const void* data, size_t size);
+
+// A field of /proc/self/smaps ("Rss", "Anonymous", "AnonHugePages", ...) in bytes, summed over the
+// mappings [lo, hi) that `pick(lo, hi)` accepts; smaps_bytes_at: of the mapping that holds `p`.
+uint64_t smaps_bytes(const std::string& field,
+                     const std::function<bool(uintptr_t lo, uintptr_t hi)>& pick);
+uint64_t smaps_bytes_at(const void* p, const std::string& field);
 
 // Lower-case hex of bytes.
 std::string hex(std::string_view bytes);
