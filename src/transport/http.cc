@@ -20,6 +20,7 @@
 #include <exception>
 #include <mutex>
 
+#include "common/stream_copy.h"
 #include "tensorizer/cancel.h"
 #include "transport/slices.h"
 
@@ -217,7 +218,11 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
         break;
       }
     }
-    std::memcpy(static_cast<char*>(d.data) + t->in_slice, data + pos, k);
+    char* to = static_cast<char*>(d.data) + t->in_slice;
+    if (d.size >= kStreamCopyMinDestination)
+      copy_streaming(to, data + pos, k);
+    else
+      std::memcpy(to, data + pos, k);
     t->in_slice += k;
     pos += k;
     a.delivered += k;
@@ -395,7 +400,10 @@ class StreamCursor {
     while (at < n && got_ < want_) {
       IoSlice& d = slices_->front();
       const size_t k = std::min(n - at, d.size);
-      std::memcpy(d.data, data + at, k);
+      if (d.size >= kStreamCopyMinDestination)
+        copy_streaming(d.data, data + at, k);
+      else
+        std::memcpy(d.data, data + at, k);
       d.data = static_cast<char*>(d.data) + k;
       d.size -= k;
       if (d.size == 0) slices_->erase(slices_->begin());
