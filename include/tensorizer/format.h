@@ -116,6 +116,7 @@ struct TensorHeader {
   uint64_t crypt_field_offset = 0;  // offset of the u64 crypt-info length inside the header
   uint64_t crypt_info_size = 0;     // C, the CryptInfo body size after that u64
   int64_t data_length = 0;          // the trailing i64
+  uint64_t fields_end = 0;  // where the fields end: bytes from here to the data length are filler
 
   std::string_view crypt_info(const uint8_t* header_bytes) const {
     return {reinterpret_cast<const char*>(header_bytes) + crypt_field_offset + 8, crypt_info_size};

@@ -72,8 +72,18 @@ struct LoadResult {
 // What load() learned from a tensor's own header.
 struct LoadedTensorInfo {
   uint16_t module_idx = 0;
-  std::string header_bytes;  // the raw header, as on disk
-  TensorHeader header;       // parsed
+  TensorHeader header;  // parsed
+  // The raw header as on disk, except that a filler of zeros before its trailing data length (the
+  // padding that aligns the data, up to a few KiB a tensor) is cut out and counted in
+  // `zero_filler`: a load keeps tens of bytes per tensor, not pages. The offsets in `header` all
+  // lie before the filler, so they index these bytes as they index the raw header.
+  std::string compact_header;
+  uint64_t zero_filler = 0;
+  // The header exactly as on disk.
+  std::string raw_header() const;
+  const uint8_t* header_data() const {
+    return reinterpret_cast<const uint8_t*>(compact_header.data());
+  }
 };
 
 class Reader {
@@ -131,9 +141,10 @@ class Reader {
   // valid until the next load() of that tensor, which re-reads its header.
   const LoadedTensorInfo& read_header(size_t entry);
   // Parses, checks against the index and caches a tensor's header whose bytes the caller read
-  // (e.g. inside a larger read); replaces any cached one. Throws Error naming tensor and URI.
-  // Not safe to call for the same entry from two threads; different entries are fine.
-  const LoadedTensorInfo& adopt_header(size_t entry, std::string header_bytes);
+  // (e.g. inside a larger read; they are copied); replaces any cached one. Throws Error naming
+  // tensor and URI. Not safe to call for the same entry from two threads; different entries are
+  // fine.
+  const LoadedTensorInfo& adopt_header(size_t entry, std::string_view header_bytes);
   // Header details of a tensor that has been loaded or had its header read (nullptr before).
   const LoadedTensorInfo* loaded_info(size_t entry) const;
   // Moves those details out (nullptr if none): the reader forgets them (loaded_info() is then

@@ -305,8 +305,9 @@ void register_reader(nb::module_& m) {
             if (!info) return std::nullopt;
             std::vector<std::pair<int, nb::bytes>> out;
             for (const auto& h : info->header.hashes)
-              out.emplace_back(static_cast<int>(h.type),
-                               nb::bytes(info->header_bytes.data() + h.value_offset, h.value_size));
+              out.emplace_back(
+                  static_cast<int>(h.type),
+                  nb::bytes(info->compact_header.data() + h.value_offset, h.value_size));
             return out;
           },
           "the stored hashes: (HashType value, digest bytes)")
@@ -315,9 +316,9 @@ void register_reader(nb::module_& m) {
           [](const LoadedInfos& l, size_t k) -> std::optional<nb::bytes> {
             const LoadedTensorInfo* info = l.at(k);
             if (!info) return std::nullopt;
-            const auto* raw = reinterpret_cast<const uint8_t*>(info->header_bytes.data());
-            std::string h =
-                tensorizer::hashable_header(raw, info->header_bytes.size(), info->header);
+            const std::string raw = info->raw_header();
+            std::string h = tensorizer::hashable_header(
+                reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), info->header);
             return nb::bytes(h.data(), h.size());
           },
           "the header bytes the stored hashes cover (zeroed hash values)");

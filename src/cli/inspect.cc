@@ -75,7 +75,7 @@ void run_inspect(const std::string& uri, bool json, const CommonOptions& common)
     DType dt = parse_dtype(e.dtype);
     if (json) {
       std::string hashes;
-      const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+      const uint8_t* raw = info.header_data();
       for (const auto& hv : info.header.hashes) {
         hashes += std::string(hashes.empty() ? "" : ",") +
                   "{\"type\":" + json_string(hv.type == HashType::kCrc32 ? "crc32" : "sha256") +

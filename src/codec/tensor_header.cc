@@ -52,6 +52,7 @@ TensorHeader parse_tensor_header(const uint8_t* data, size_t size, bool has_cryp
     c.skip(h.crypt_info_size, "crypt info");
   }
   if (c.remaining() < 8) fail(ErrorCode::kFormat, "tensor header has no room for its data length");
+  h.fields_end = c.pos();
   h.data_length = codec::load_le<int64_t>(data + size - 8);
   if (h.data_length < 0) fail(ErrorCode::kUnsupported, "negative (compressed) data length");
   return h;

@@ -107,7 +107,7 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
     const Run& run = runs[run_of[k]];
     uint8_t* at = block->data() + run.block_offset;
     const uint8_t* header = at + (e.header_offset - run.begin);
-    r.adopt_header(entry, std::string(reinterpret_cast<const char*>(header), e.header_size()));
+    r.adopt_header(entry, {reinterpret_cast<const char*>(header), e.header_size()});
     uint8_t* data = at + (e.data_offset - run.begin);
     uint8_t* dest =
         can_move_down(e) ? at + (align_down(e.data_offset, kAlignment) - run.begin) : data;

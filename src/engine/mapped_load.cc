@@ -57,6 +57,7 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
                                                "'" + reader.uri() + "'");
   std::vector<MappedTensor> out;
   out.reserve(entries.size());
+  std::string header;  // one buffer for every header read: a fresh process pays for new pages
   for (size_t entry : entries) {
     check_cancelled();  // each tensor is a work item: a cancelled or late load stops here
     const IndexEntry& e = reader.entries()[entry];
@@ -66,9 +67,9 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
            "tensor '" + display_path(e.path) + "' runs past the end of '" + reader.uri() + "'");
     // The header, read (not faulted in through the mapping, which maps its pages in the
     // background): checked against the index; module index, hashes.
-    std::string header(e.header_size(), '\0');
+    header.resize(e.header_size());
     if (!header.empty()) reader.source().read_at(e.header_offset, header.data(), header.size());
-    reader.adopt_header(entry, std::move(header));
+    reader.adopt_header(entry, header);
     reader.count_bytes_read(e.header_size() + e.data_length);
     uint8_t* data = block->data() + e.data_offset;
     out.push_back({entry, data, engine::block_view(block, data, e.data_length)});

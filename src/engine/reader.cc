@@ -36,6 +36,10 @@ using engine::kUnversionedMismatchNote;
 // reads the prelude, then exactly the index (two small preads: nothing beyond the index is read,
 // and nothing allocated, for an open that only looks at names).
 constexpr uint64_t kFirstReadBytes = 512 * 1024;
+// A local file's index is read up to this much first: writers may reserve room they do not fill
+// (ours reserves 256 KiB), and bytes not read cost a fresh process neither a copy nor new pages.
+// An index whose entries run past it is read whole and parsed again.
+constexpr uint64_t kLocalIndexFirstBytes = 64 * 1024;
 constexpr uint64_t kVerifyBatchBytes = 256ull << 20;  // scratch memory bound for verify_all
 constexpr uint64_t kEncryptedItemBytes = 2 * crypto::kChunkSize;  // read item size, encrypted files
 constexpr uint64_t kStreamedItemBytes = 4ull << 20;  // item size of loads streamed per worker
@@ -50,7 +54,7 @@ std::string shown_name(const IndexEntry& e) { return display_path(e.path).substr
 // A tensor's own header, parsed and checked against its index entry. A safetensors tensor has
 // none (zero bytes): its details then come from the index alone, with no hashes to check.
 std::unique_ptr<LoadedTensorInfo> loaded_info_from(const FileHeader& file, const IndexEntry& e,
-                                                   std::string bytes) {
+                                                   std::string_view bytes) {
   if (bytes.size() != e.header_size())
     fail(ErrorCode::kFormat, "header of " + std::to_string(bytes.size()) +
                                  " bytes, the index says " + std::to_string(e.header_size()));
@@ -63,11 +67,18 @@ std::unique_ptr<LoadedTensorInfo> loaded_info_from(const FileHeader& file, const
     info->header.data_length = static_cast<int64_t>(e.data_length);
     return info;
   }
-  info->header_bytes = std::move(bytes);
-  info->header =
-      parse_tensor_header(reinterpret_cast<const uint8_t*>(info->header_bytes.data()),
-                          info->header_bytes.size(), file.has_crypt_info(), e.long_shape());
+  info->header = parse_tensor_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                                     file.has_crypt_info(), e.long_shape());
   check_header_matches_entry(info->header, e);
+  const size_t fields = info->header.fields_end, filler = bytes.size() - 8 - fields;
+  if (filler > 0 && bytes[fields] == 0 &&
+      std::memcmp(bytes.data() + fields, bytes.data() + fields + 1, filler - 1) == 0) {
+    info->compact_header.reserve(fields + 8);
+    info->compact_header.append(bytes.substr(0, fields)).append(bytes.substr(fields + filler));
+    info->zero_filler = filler;
+  } else {
+    info->compact_header = bytes;
+  }
   info->module_idx = info->header.module_idx;
   return info;
 }
@@ -159,14 +170,28 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
                                    " runs past the end of the file (" + std::to_string(size) +
                                    " bytes)");
     const uint64_t index_end = kPreludeSize + h.index_size;
-    if (index_end > head.size()) {
-      // The index of a local file, or a larger one than the reference's: one more read.
-      size_t have = head.size();
-      head.resize(index_end);
-      source->read_at(have, head.data() + have, index_end - have);
+    const auto read_to = [&](uint64_t end) {  // extends `head` to the file's first `end` bytes
+      const size_t have = head.size();
+      head.resize(end);
+      source->read_at(have, head.data() + have, end - have);
+    };
+    const auto parse = [&] {
+      return parse_index(reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize,
+                         head.size() - kPreludeSize, h, size);
+    };
+    // The index of a local file, or a larger one than the reference's: one more read, or two.
+    if (source->local_fd() >= 0 && index_end > kPreludeSize + kLocalIndexFirstBytes) {
+      read_to(kPreludeSize + kLocalIndexFirstBytes);
+      try {
+        impl->entries = parse();
+      } catch (const Error&) {  // entries past the first part (or a corrupt index): read it all
+        read_to(index_end);
+        impl->entries = parse();
+      }
+    } else {
+      if (index_end > head.size()) read_to(index_end);
+      impl->entries = parse();
     }
-    impl->entries = parse_index(reinterpret_cast<const uint8_t*>(head.data()) + kPreludeSize,
-                                head.size() - kPreludeSize, h, size);
   } catch (const Error& err) {
     if (std::string_view(err.what()).rfind("'" + uri + "'", 0) == 0)
       throw;  // transports name it already
@@ -197,6 +222,15 @@ Source& Reader::source() { return *impl_->source; }
 uint64_t Reader::bytes_read() const {
   return impl_->source->bytes_read() + impl_->bytes_read_elsewhere;
 }
+std::string LoadedTensorInfo::raw_header() const {
+  if (zero_filler == 0) return compact_header;
+  const size_t fields = compact_header.size() - 8;
+  std::string out;
+  out.reserve(compact_header.size() + zero_filler);
+  out.append(compact_header, 0, fields).append(zero_filler, '\0').append(compact_header, fields);
+  return out;
+}
+
 void Reader::count_bytes_read(uint64_t n) { impl_->bytes_read_elsewhere += n; }
 const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
   return entry < impl_->loaded.size() ? impl_->loaded[entry].get() : nullptr;
@@ -216,16 +250,16 @@ const LoadedTensorInfo& Reader::read_header(size_t entry) {
   } catch (const Error& err) {
     rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "'");
   }
-  return adopt_header(entry, std::move(bytes));
+  return adopt_header(entry, bytes);
 }
 
-const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string header_bytes) {
+const LoadedTensorInfo& Reader::adopt_header(size_t entry, std::string_view header_bytes) {
   if (entry >= impl_->entries.size())
     fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
   const IndexEntry& e = impl_->entries[entry];
   std::unique_ptr<LoadedTensorInfo> info;
   try {
-    info = loaded_info_from(impl_->header, e, std::move(header_bytes));
+    info = loaded_info_from(impl_->header, e, header_bytes);
   } catch (const Error& err) {
     rethrow_with_context(err, "tensor '" + shown_name(e) + "' in '" + uri() + "'");
   }
@@ -242,9 +276,8 @@ void Reader::decrypt_in_place(size_t entry, uint64_t offset, uint8_t* data, uint
   const LoadedTensorInfo* info = loaded_info(entry);
   if (!info)
     fail(ErrorCode::kInvalidArgument, "internal: decrypting a tensor whose header was not read");
-  auto dec = crypto::TensorDecryptor::create(
-      info->header.crypt_info(reinterpret_cast<const uint8_t*>(info->header_bytes.data())),
-      e.data_length, *impl_->decryption, impl_->key_cache);
+  auto dec = crypto::TensorDecryptor::create(info->header.crypt_info(info->header_data()),
+                                             e.data_length, *impl_->decryption, impl_->key_cache);
   if (!dec) fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
   if (offset % dec->chunk_size() != 0 || offset + size > e.data_length)
     fail(ErrorCode::kInvalidArgument,
@@ -343,7 +376,7 @@ class LoadJob {
       Source& src = w == 0 ? *r_.source : *handles[static_cast<size_t>(w) - 1];
       const size_t entry = dests_[k].entry;
       check_header_unchanged(src, r_.source->uri(), r_.entries[entry],
-                             r_.loaded[entry]->header_bytes);
+                             r_.loaded[entry]->raw_header());
     });
   }
 
@@ -399,7 +432,7 @@ class LoadJob {
     for (size_t k = 0; k < item.segments.size(); ++k) {
       const engine::Segment& s = item.segments[k];
       current = s.tensor;
-      if (s.is_header) on_header(s.tensor, std::move(scratch[k]));
+      if (s.is_header) on_header(s.tensor, scratch[k]);  // copied: the buffer serves again
       if (crypt_) {
         if (s.is_header)
           on_crypt_header(s.tensor);
@@ -633,10 +666,10 @@ class LoadJob {
     }
   }
 
-  void on_header(size_t t, std::string bytes) {
+  void on_header(size_t t, std::string_view bytes) {
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries[d.entry];
-    auto info = loaded_info_from(r_.header, e, std::move(bytes));
+    auto info = loaded_info_from(r_.header, e, bytes);
     if (e.is_meta() && !d.zeroed) std::memset(d.data, 0, e.expected_bytes());
     // The header just read is what this load decrypts and verifies with (replacing any earlier
     // copy: references from read_header()/loaded_info() last until the next load of the tensor).
@@ -670,9 +703,8 @@ class LoadJob {
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries[d.entry];
     const LoadedTensorInfo& info = *r_.loaded[d.entry];
-    auto dec = crypto::TensorDecryptor::create(
-        info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
-        e.data_length, *r_.decryption, r_.key_cache);
+    auto dec = crypto::TensorDecryptor::create(info.header.crypt_info(info.header_data()),
+                                               e.data_length, *r_.decryption, r_.key_cache);
     if (!dec && e.data_length > 0)
       fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
     CryptState& st = crypt_[t];
@@ -805,9 +837,8 @@ void Reader::read_streamed(size_t entry, const PieceConsumer& consume, const Loa
   try {
     std::unique_ptr<crypto::TensorDecryptor> dec;
     if (info.header.has_crypt_field) {
-      dec = crypto::TensorDecryptor::create(
-          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
-          e.data_length, *impl_->decryption, impl_->key_cache);
+      dec = crypto::TensorDecryptor::create(info.header.crypt_info(info.header_data()),
+                                            e.data_length, *impl_->decryption, impl_->key_cache);
       if (!dec && e.data_length > 0)
         fail(ErrorCode::kCrypto, "Tensor is not encrypted, but decryption was requested");
     }
@@ -901,9 +932,9 @@ void Reader::read_strided(size_t entry, const StridedRange& range, void* dest,
     if (encrypted()) {  // whole chunks around the runs, decrypted, then the runs copied out
       read_header(entry);
       const LoadedTensorInfo& info = *loaded_info(entry);
-      auto dec = crypto::TensorDecryptor::create(
-          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())),
-          e.data_length, *impl_->decryption, impl_->key_cache);
+      auto dec =
+          crypto::TensorDecryptor::create(info.header.crypt_info(info.header_data()), e.data_length,
+                                          *impl_->decryption, impl_->key_cache);
       const uint64_t chunk = dec && dec->chunk_size() > 0 ? dec->chunk_size() : e.data_length;
       const uint64_t first = range.offset / chunk * chunk,
                      last = std::min(e.data_length, (span_end + chunk - 1) / chunk * chunk);

@@ -181,7 +181,7 @@ class StagedJob {
                              Source& src = w == 0 ? r_.source() : *handles[w - 1];
                              const size_t entry = dests_[k].entry;
                              engine::check_header_unchanged(src, r_.uri(), r_.entries()[entry],
-                                                            r_.loaded_info(entry)->header_bytes);
+                                                            r_.loaded_info(entry)->raw_header());
                            });
     } catch (const Error&) {
       error_ = std::current_exception();
@@ -261,7 +261,7 @@ class StagedJob {
       current = s.tensor;
       const TensorDestination& d = dests_[s.tensor];
       if (s.is_header) {
-        on_header(s.tensor, std::string(reinterpret_cast<const char*>(p), s.length), stream);
+        on_header(s.tensor, {reinterpret_cast<const char*>(p), s.length}, stream);
       } else {
         uint8_t* data = const_cast<uint8_t*>(p);
         if (wait_header) wait_for([&] { return state_[s.tensor].header_done; });
@@ -273,10 +273,10 @@ class StagedJob {
     }
   }
 
-  void on_header(size_t t, std::string bytes, int stream) {
+  void on_header(size_t t, std::string_view bytes, int stream) {
     const TensorDestination& d = dests_[t];
     const IndexEntry& e = r_.entries()[d.entry];
-    const LoadedTensorInfo& info = r_.adopt_header(d.entry, std::move(bytes));
+    const LoadedTensorInfo& info = r_.adopt_header(d.entry, bytes);
     if (e.is_meta() && e.expected_bytes() > 0)
       backend_.zero_async(d.data, e.expected_bytes(), stream);
     TensorState& st = state_[t];

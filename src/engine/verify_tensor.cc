@@ -14,14 +14,14 @@ std::unique_ptr<TensorHasher> hasher_for(const LoadedTensorInfo& info, bool fast
   for (const auto& hv : h.hashes) (hv.type == HashType::kCrc32 ? crc : sha) = true;
   if (!crc && !sha) return nullptr;
   if (fastest_only && crc) sha = false;
-  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
-  return std::make_unique<TensorHasher>(crc, sha,
-                                        hashable_header(raw, info.header_bytes.size(), h));
+  const std::string raw = info.raw_header();
+  return std::make_unique<TensorHasher>(
+      crc, sha, hashable_header(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), h));
 }
 
 std::string hash_failures(const LoadedTensorInfo& info, TensorHasher& hasher) {
   hasher.finish();
-  const auto* raw = reinterpret_cast<const uint8_t*>(info.header_bytes.data());
+  const uint8_t* raw = info.header_data();  // the hash values lie before any filler
   std::string failures;
   for (const auto& hv : info.header.hashes) {
     if (!(hv.type == HashType::kCrc32 ? hasher.computes_crc32() : hasher.computes_sha256()))

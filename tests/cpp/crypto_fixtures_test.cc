@@ -92,8 +92,7 @@ TEST(CryptoFixturesTest, ReferenceCryptInfoIsWhatTheSpecSays) {
     for (size_t i = 0; i < r->entries().size(); ++i) {
       const IndexEntry& e = r->entries()[i];
       const LoadedTensorInfo& info = r->read_header(i);
-      auto body =
-          info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data()));
+      auto body = info.header.crypt_info(info.header_data());
       const uint64_t m = (e.data_length + 2097151) / 2097152;
       EXPECT_EQ(body.size(), (passphrase ? 102u : 52u) + 16 * m);
       crypto::CryptInfo ci = crypto::parse_crypt_info(body);
@@ -122,8 +121,7 @@ TEST(CryptoFixturesTest, KeyDerivedFromThePassphraseAlsoOpensAsAnExactKey) {
   o.without_key = true;
   auto r = Reader::open(test::fixture_path("encrypted_passphrase.tensors"), o);
   const LoadedTensorInfo& info = r->read_header(0);
-  crypto::CryptInfo ci = crypto::parse_crypt_info(
-      info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
+  crypto::CryptInfo ci = crypto::parse_crypt_info(info.header.crypt_info(info.header_data()));
   KdfParams kdf;
   kdf.opslimit = ci.key_derivation[0].opslimit;
   kdf.memlimit = ci.key_derivation[0].memlimit;

@@ -95,8 +95,7 @@ void expect_loads(const std::string& path, const DecryptionParams& params,
 }
 
 std::string crypt_body(const LoadedTensorInfo& info) {
-  return std::string(
-      info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
+  return std::string(info.header.crypt_info(info.header_data()));
 }
 
 TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
@@ -131,7 +130,7 @@ TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
     const std::string body = crypt_body(info);
     if (e.data_length == 0) {
       // Empty CryptInfo: u64 2, then 00 00 (docs/format.md §3.5); CRC32 + SHA-256.
-      EXPECT_EQ(test::hex(info.header_bytes.substr(info.header.crypt_field_offset, 10)),
+      EXPECT_EQ(test::hex(info.compact_header.substr(info.header.crypt_field_offset, 10)),
                 "02000000000000000000");
       ASSERT_EQ(info.header.hashes.size(), 2u);
       EXPECT_EQ(info.header.hashes[0].type, HashType::kCrc32);
@@ -155,15 +154,14 @@ TEST(CryptoWriteTest, ExactKeyLayoutAndRoundTrip) {
     EXPECT_NE(disk, ts[i].data);
     // The stored SHA-256 is over the header without the crypt field, then the plaintext.
     Sha256 sha;
-    std::string hh = hashable_header(reinterpret_cast<const uint8_t*>(info.header_bytes.data()),
-                                     info.header_bytes.size(), info.header);
+    const std::string raw = info.raw_header();
+    std::string hh =
+        hashable_header(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), info.header);
     sha.update(hh.data(), hh.size());
     sha.update(ts[i].data.data(), ts[i].data.size());
     const auto digest = sha.finish();
     EXPECT_EQ(to_hex(digest.data(), 32),
-              to_hex(reinterpret_cast<const uint8_t*>(info.header_bytes.data()) +
-                         info.header.hashes[0].value_offset,
-                     32));
+              to_hex(info.header_data() + info.header.hashes[0].value_offset, 32));
   }
   expect_loads(path, DecryptionParams::from_key(wo.encryption->key), ts);
 }

@@ -99,8 +99,7 @@ Layout layout(TamperFile& f, size_t entry) {
   l.data_length = e.data_length;
   l.crypt_field = e.header_offset + info.header.crypt_field_offset;
   l.body = l.crypt_field + 8;
-  l.info = crypto::parse_crypt_info(
-      info.header.crypt_info(reinterpret_cast<const uint8_t*>(info.header_bytes.data())));
+  l.info = crypto::parse_crypt_info(info.header.crypt_info(info.header_data()));
   // The type-2 chunk is the last one: body size minus its frame (42 + 16 M).
   l.parallel_body =
       l.body + info.header.crypt_info_size - (42 + 16 * l.info.parallel[0].macs.size());

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -198,7 +199,68 @@ TEST(RoundTripTest, TakenHeaderDetailsLeaveTheReaderAndAreReadAgainOnTheNextLoad
   EXPECT_NE(r->loaded_info(1), nullptr);        // the other tensor's stay
   load_to_host(*r, {0}, {}, HostRoute::kCopy);  // a later load reads the header again
   ASSERT_NE(r->loaded_info(0), nullptr);
-  EXPECT_EQ(r->loaded_info(0)->header_bytes, taken->header_bytes);
+  EXPECT_EQ(r->loaded_info(0)->compact_header, taken->compact_header);
+}
+
+// A header padded so its data starts on a 4 KiB boundary keeps its fields and data length, with the
+// zeros between counted (every route), and gives back the bytes on disk; a filler that is not all
+// zeros is kept whole, and the stored hashes cover it.
+TEST(RoundTripTest, AHeadersZeroFillerIsCountedNotKeptAndItsRawBytesComeBack) {
+  test::TempDir dir;
+  const std::string path = dir.path("t.tensors");
+  WriterOptions wo;
+  wo.large_threshold = 4096;  // "a" gets 4 KiB-aligned data, so a filler of about 4 KiB
+  test::write_sample_tensors(path, {{"a", std::string(8192, 'a')}}, "<f4", wo);
+  std::string disk = test::read_file(path);
+  const IndexEntry e = Reader::open(path)->entries()[0];
+  ASSERT_EQ(e.data_offset % 4096, 0u);
+  const std::string on_disk = disk.substr(e.header_offset, e.header_size());
+  for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy}) {
+    auto r = Reader::open(path);
+    load_to_host(*r, {0}, {}, route);
+    const LoadedTensorInfo* info = r->loaded_info(0);
+    ASSERT_NE(info, nullptr);
+    EXPECT_GT(info->zero_filler, 3000u) << static_cast<int>(route);
+    EXPECT_EQ(info->compact_header.size(), info->header.fields_end + 8);
+    EXPECT_EQ(info->compact_header.size() + info->zero_filler, e.header_size());
+    EXPECT_EQ(info->raw_header(), on_disk);
+  }
+  // One filler byte set: the header is kept whole; the hashes cover it, so verify_hash fails.
+  const size_t fields = Reader::open(path)->read_header(0).header.fields_end;
+  disk[e.header_offset + fields + 100] = 'x';
+  test::write_file(path, disk);
+  auto r = Reader::open(path);
+  load_to_host(*r, {0}, {}, HostRoute::kCopy);
+  EXPECT_EQ(r->loaded_info(0)->zero_filler, 0u);
+  EXPECT_EQ(r->loaded_info(0)->raw_header(), disk.substr(e.header_offset, e.header_size()));
+  LoadOptions verify;
+  verify.verify_hash = true;
+  EXPECT_EQ(test::error_code_of([&] { load_to_host(*Reader::open(path), {0}, verify); }),
+            ErrorCode::kHashMismatch);
+}
+
+// A local file's index is read in part first: the room a writer reserves and does not fill is not
+// read; an index with more entries than that part holds is read whole.
+TEST(RoundTripTest, ALocalIndexIsReadUpToItsEntriesAndWholeWhenTheyRunPastTheFirstPart) {
+  test::TempDir dir;
+  const std::string small = dir.path("small.tensors"), large = dir.path("large.tensors");
+  test::write_sample_tensors(small, {{"a", std::string(64, 'a')}}, "|u1");
+  auto r = Reader::open(small);
+  EXPECT_GE(r->header().index_size, 256u * 1024);  // the reserved room (kReferenceIndexSize)
+  EXPECT_LT(r->bytes_read(), 100u * 1024);
+  std::vector<test::SampleTensor> many;
+  for (int i = 0; i < 2500; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model.layers.%04d.a_rather_long_module_name.weight", i);
+    many.push_back({name, std::string(8, static_cast<char>('a' + i % 26))});
+  }
+  test::write_sample_tensors(large, many, "|u1");
+  r = Reader::open(large);
+  ASSERT_GT(r->header().index_size, 128u * 1024);  // entries well past the first 64 KiB
+  ASSERT_EQ(r->entries().size(), many.size());
+  EXPECT_EQ(r->entries().back().name, many.back().name);
+  auto loaded = load_to_host(*r, {0, many.size() - 1});
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(loaded[1].data), 8), many.back().bytes);
 }
 
 TEST(RoundTripTest, ShapeClasses) {
