@@ -58,16 +58,17 @@ std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const File
     }
     uint16_t name_len = c.read<uint16_t>("tensor name length");
     e.name = std::string(c.bytes(name_len, "tensor name"));
-    const std::string label = entry_label(i, e.name);
+    const auto label = [&] { return entry_label(i, e.name); };  // made for errors only
     if (!codec::is_utf8(e.name))
-      fail(ErrorCode::kFormat, label + ": the tensor name is not valid UTF-8");
+      fail(ErrorCode::kFormat, label() + ": the tensor name is not valid UTF-8");
     try {
       e.path = decode_path(e.name);
     } catch (const Error& err) {
-      fail(ErrorCode::kFormat, label + ": " + err.what());
+      fail(ErrorCode::kFormat, label() + ": " + err.what());
     }
     uint8_t type = c.read<uint8_t>("tensor type");
-    if (type > 2) fail(ErrorCode::kFormat, label + ": unknown tensor type " + std::to_string(type));
+    if (type > 2)
+      fail(ErrorCode::kFormat, label() + ": unknown tensor type " + std::to_string(type));
     e.type = static_cast<TensorType>(type);
     uint8_t dtype_len = c.read<uint8_t>("dtype length");
     e.dtype = std::string(c.bytes(dtype_len, "dtype"));
@@ -86,21 +87,22 @@ std::vector<IndexEntry> parse_index(const uint8_t* data, size_t size, const File
       if (__builtin_mul_overflow(n, uint64_t{dt.itemsize}, &expected))
         fail(ErrorCode::kFormat, "tensor size overflows 64 bits");
     } catch (const Error& err) {
-      fail(ErrorCode::kFormat, label + ": " + err.what());
+      fail(ErrorCode::kFormat, label() + ": " + err.what());
     }
     if (e.data_length != expected && e.data_length != 0)
-      fail(ErrorCode::kFormat, label + ": data length " + std::to_string(e.data_length) +
+      fail(ErrorCode::kFormat, label() + ": data length " + std::to_string(e.data_length) +
                                    " does not match dtype and shape (" + std::to_string(expected) +
                                    " bytes)");
     if (e.type != TensorType::kStateDict && !e.path.is_plain())
-      fail(ErrorCode::kFormat, label + ": structured names are only allowed on state-dict tensors");
+      fail(ErrorCode::kFormat,
+           label() + ": structured names are only allowed on state-dict tensors");
     if (e.header_offset < kMagicSize || e.data_offset < e.header_offset + 8 + 2 + 1 + 2 ||
         e.header_size() > kMaxHeaderSize)
-      fail(ErrorCode::kFormat, label + ": bad header/data offsets (" +
+      fail(ErrorCode::kFormat, label() + ": bad header/data offsets (" +
                                    std::to_string(e.header_offset) + ", " +
                                    std::to_string(e.data_offset) + ")");
     if (e.data_offset > file_size || e.data_length > file_size - e.data_offset)
-      fail(ErrorCode::kFormat, label + ": tensor data [" + std::to_string(e.data_offset) + ", +" +
+      fail(ErrorCode::kFormat, label() + ": tensor data [" + std::to_string(e.data_offset) + ", +" +
                                    std::to_string(e.data_length) +
                                    ") runs past the end of the file (" + std::to_string(file_size) +
                                    " bytes): the file is truncated");

@@ -18,21 +18,21 @@ NodeT* child_of(NodeT* node, const PathComponent& c) {
 
 }  // namespace
 
-void PathRules::check(const TensorPath& path, const std::string& label, ErrorCode code) const {
+void PathRules::check(const TensorPath& path, const Label& label, ErrorCode code) const {
   const Node* node = &root_;
   for (const auto& c : path.components) {
-    if (node->leaf) fail(code, label + ": a prefix of this path is itself a tensor");
+    if (node->leaf) fail(code, label() + ": a prefix of this path is itself a tensor");
     bool is_int = std::holds_alternative<uint64_t>(c);
     if ((is_int && !node->str_children.empty()) || (!is_int && !node->int_children.empty()))
-      fail(code, label + ": mixes string and integer keys at one level");
+      fail(code, label() + ": mixes string and integer keys at one level");
     node = child_of(node, c);
     if (!node) return;
   }
-  if (node->leaf) fail(code, label + ": duplicate tensor name");
-  fail(code, label + ": this path is a prefix of another tensor's path");
+  if (node->leaf) fail(code, label() + ": duplicate tensor name");
+  fail(code, label() + ": this path is a prefix of another tensor's path");
 }
 
-void PathRules::add(const TensorPath& path, const std::string& label, ErrorCode code) {
+void PathRules::add(const TensorPath& path, const Label& label, ErrorCode code) {
   check(path, label, code);
   Node* node = &root_;
   for (const auto& c : path.components) {

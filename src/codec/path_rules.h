@@ -4,6 +4,7 @@
 // another, and string and integer keys mixed at one level.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,10 +16,12 @@ namespace tensorizer::codec {
 
 class PathRules {
  public:
-  // Throws Error(code, label + reason) when `path` breaks a rule; otherwise records it.
-  void add(const TensorPath& path, const std::string& label, ErrorCode code);
+  // What an error calls the path, made only when there is an error (an index parse adds hundreds).
+  using Label = std::function<std::string()>;
+  // Throws Error(code, label() + reason) when `path` breaks a rule; otherwise records it.
+  void add(const TensorPath& path, const Label& label, ErrorCode code);
   // Would add() accept `path`? (Does not record it.)
-  void check(const TensorPath& path, const std::string& label, ErrorCode code) const;
+  void check(const TensorPath& path, const Label& label, ErrorCode code) const;
 
  private:
   struct Node {

@@ -97,7 +97,7 @@ WritePlan plan_writes(const std::vector<WriteRequest>& requests, const WrittenSo
   codec::PathRules batch_paths;  // names inside this batch
   plan.tensors.reserve(requests.size());
   for (const WriteRequest& r : requests) {
-    const std::string label = "tensor '" + display_path(r.path).substr(0, 200) + "'";
+    const auto label = [&r] { return "tensor '" + display_path(r.path).substr(0, 200) + "'"; };
     PlannedWrite p{&r, describe(r, streamed, plan.header), {}};
     so_far.paths.check(r.path, label, ErrorCode::kInvalidArgument);
     batch_paths.add(r.path, label, ErrorCode::kInvalidArgument);

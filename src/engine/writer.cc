@@ -147,7 +147,8 @@ void Writer::write_batch(const std::vector<WriteRequest>& tensors, const Produce
     else
       w.write_tensors(batch);
     for (auto& p : batch) {
-      w.paths.add(p.entry.path, "tensor", ErrorCode::kInvalidArgument);
+      w.paths.add(
+          p.entry.path, [] { return std::string("tensor"); }, ErrorCode::kInvalidArgument);
       w.header.tensor_size += p.entry.data_length;
       w.entries.push_back(std::move(p.entry));
     }

@@ -530,6 +530,14 @@ TEST(IndexTest, Rejections) {
       with({make_entry("a", "<f4", {2}, 900, 80, 8), make_entry("a", "<f4", {2}, 1000, 80, 8)}),
       ErrorCode::kFormat)
       << "duplicate";
+  try {  // the entry named as a user sees it (the label is made only on an error)
+    build_index({make_entry("a", "<f4", {2}, 900, 80, 8), make_entry("a", "<f4", {2}, 1000, 80, 8)},
+                false)
+        .parse();
+    ADD_FAILURE() << "a duplicate name parsed";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "index entry 1 ('a'): duplicate tensor name");
+  }
   EXPECT_EQ(with({make_entry("\x1e[\"a\"]", "<f4", {2}, 900, 80, 8),
                   make_entry("\x1e[\"a\",\"b\"]", "<f4", {2}, 1000, 80, 8)}),
             ErrorCode::kFormat)

@@ -92,7 +92,8 @@ TEST(WritePlanner, ALaterBatchStartsWhereTheLastEndedAndMustFitTheIndex) {
   EXPECT_EQ(p1.header.index_size, 4096u);
   fresh.header = p1.header;
   fresh.entries.push_back(p1.tensors[0].entry);
-  fresh.paths.add(first[0].path, "tensor", ErrorCode::kInvalidArgument);
+  fresh.paths.add(
+      first[0].path, [] { return std::string("tensor"); }, ErrorCode::kInvalidArgument);
   const WrittenSoFar later{fresh.header, fresh.entries, fresh.paths, true, p1.end};
 
   std::vector<WriteRequest> second{request("b", {1})};
