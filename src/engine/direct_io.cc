@@ -51,6 +51,26 @@ double Residency::fraction(uint64_t offset, uint64_t length) const {
   return static_cast<double>(resident) / static_cast<double>(samples);
 }
 
+double Residency::fraction(const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                           uint64_t samples) const {
+  uint64_t total = 0;
+  for (const auto& [offset, length] : ranges) total += length;
+  if (!map_ || total == 0 || samples == 0) return 1.0;
+  const uint64_t page = page_size();
+  size_t range = 0, resident = 0;
+  uint64_t before = 0;  // bytes of the ranges before ranges[range]
+  for (uint64_t k = 0; k < samples; ++k) {
+    const uint64_t at = (2 * k + 1) * total / (2 * samples);  // the middles of equal parts
+    while (at >= before + ranges[range].second) before += ranges[range++].second;
+    const uint64_t offset = ranges[range].first + (at - before);
+    if (offset >= size_) return 1.0;
+    unsigned char v = 0;
+    if (mincore(map_ + offset / page * page, page, &v) != 0) return 1.0;
+    resident += v & 1;
+  }
+  return static_cast<double>(resident) / static_cast<double>(samples);
+}
+
 DirectFile::DirectFile(int fd) : fd_(fd) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;

@@ -28,7 +28,8 @@ constexpr double kMappedIfResident = 0.5;       // map a tensor when more than t
 // (measured: 37 ms against 63 ms for a 0.8 GB file missing 44 MB), and the file is whole in the
 // cache again for the next load.
 constexpr double kMapAllIfResident = 0.9;
-constexpr int kMinDirectReads = 8;  // direct reads in flight, even on few cores
+constexpr uint64_t kFileSamples = 64;  // pages asked about to judge the whole file at once
+constexpr int kMinDirectReads = 8;     // direct reads in flight, even on few cores
 constexpr int kMaxDirectReads = 16;
 
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
@@ -162,47 +163,67 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
     if (entry >= reader.entries().size())
       fail(ErrorCode::kInvalidArgument, "tensor index " + std::to_string(entry) + " out of range");
   const int fd = reader.source().local_fd();
-  std::unique_ptr<engine::DirectFile> file;
-  if (fd >= 0 && !reader.encrypted() &&
-      (route == HostRoute::kAuto || route == HostRoute::kDirect)) {
-    file = std::make_unique<engine::DirectFile>(fd);
-    if (!file->ok()) file.reset();
-  }
+  const bool direct_io =
+      fd >= 0 && !reader.encrypted() && (route == HostRoute::kAuto || route == HostRoute::kDirect);
 
   // Route of each tensor: slots[k] is where its result goes. Under kAuto the share of each tensor
   // in the page cache decides, and that of all mappable bytes together (kMapAllIfResident).
   const size_t n = entries.size();
   std::vector<char> mappable(n), directable(n);
   std::vector<double> cached(n, 1.0);
-  double map_bytes = 0, map_cached = 0;
-  std::unique_ptr<engine::Residency> residency;
+  std::vector<std::pair<uint64_t, uint64_t>> asked;  // the byte ranges whose residency decides
   for (size_t k = 0; k < n; ++k) {
     const IndexEntry& e = reader.entries()[entries[k]];
     mappable[k] =
         route != HostRoute::kCopy && route != HostRoute::kDirect && can_map(reader, entries[k]);
-    directable[k] = file && can_direct(reader, e);
-    if (route != HostRoute::kAuto || !(mappable[k] || directable[k])) continue;
-    if (!residency) residency = std::make_unique<engine::Residency>(fd);
-    cached[k] = residency->fraction(e.data_offset, e.data_length);
-    if (mappable[k]) {
-      map_bytes += static_cast<double>(e.data_length);
-      map_cached += cached[k] * static_cast<double>(e.data_length);
+    directable[k] = direct_io && can_direct(reader, e);  // if the file system allows (below)
+    if (route == HostRoute::kAuto && (mappable[k] || directable[k]))
+      asked.push_back({e.data_offset, e.data_length});
+  }
+  double map_bytes = 0, map_cached = 0;
+  if (!asked.empty()) {
+    // The whole file first, from a few pages: wholly cached or wholly not (the usual states) ends
+    // it; in between, each tensor is asked about (a thousand mincore calls for 237 tensors).
+    const engine::Residency residency(fd);
+    const double whole = residency.fraction(asked, kFileSamples);
+    for (size_t k = 0; k < n; ++k) {
+      if (route != HostRoute::kAuto || !(mappable[k] || directable[k])) continue;
+      const IndexEntry& e = reader.entries()[entries[k]];
+      cached[k] =
+          whole == 1.0 || whole == 0.0 ? whole : residency.fraction(e.data_offset, e.data_length);
+      if (mappable[k]) {
+        map_bytes += static_cast<double>(e.data_length);
+        map_cached += cached[k] * static_cast<double>(e.data_length);
+      }
     }
   }
   const bool warm_file = map_bytes > 0 && map_cached >= kMapAllIfResident * map_bytes;
-  std::vector<size_t> mapped, direct, copied, mapped_slots, direct_slots, copied_slots;
+  std::vector<char> dio(n);
+  bool any_dio = false;
   for (size_t k = 0; k < n; ++k) {
-    bool map = mappable[k], dio = false;
     if (route == HostRoute::kAuto && (mappable[k] || directable[k])) {
       const bool resident = cached[k] > kMappedIfResident || (warm_file && mappable[k]);
-      dio = directable[k] && !resident;
-      map = mappable[k] && !dio;  // cached, or cold without direct I/O: readahead beats copies
+      dio[k] = directable[k] && !resident;
     } else if (route == HostRoute::kDirect) {
-      dio = directable[k];
+      dio[k] = directable[k];
     }
+    any_dio = any_dio || dio[k];
+  }
+  // Opened only when some tensor takes the direct route: a second descriptor of the file (a
+  // cached load never needs it); where the file system refuses direct I/O, those tensors are
+  // mapped or copied instead.
+  std::unique_ptr<engine::DirectFile> file;
+  if (any_dio) {
+    file = std::make_unique<engine::DirectFile>(fd);
+    if (!file->ok()) file.reset();
+  }
+  std::vector<size_t> mapped, direct, copied, mapped_slots, direct_slots, copied_slots;
+  for (size_t k = 0; k < n; ++k) {
+    const bool direct_read = dio[k] && file;
+    const bool map = mappable[k] && !direct_read;  // cached, or cold without direct I/O
     if (map)
       mapped.push_back(entries[k]), mapped_slots.push_back(k);
-    else if (dio)
+    else if (direct_read)
       direct.push_back(entries[k]), direct_slots.push_back(k);
     else
       copied.push_back(entries[k]), copied_slots.push_back(k);

@@ -162,6 +162,28 @@ TEST(HostLoadRoutes, AWarmFileMissingAFewTensorsIsMappedWholeAndCachedAgain) {
     EXPECT_EQ(got[i].via, i < 8 ? LoadedVia::kDirect : LoadedVia::kMapped) << i;
 }
 
+// The whole-file judgement: pages sampled evenly over ranges taken end to end.
+TEST(HostLoadRoutes, ResidencyOfRangesTakenEndToEnd) {
+  test::TempDir dir;
+  const std::string path = dir.path("r.tensors");
+  test::write_file(path, std::string(size_t{8} << 20, 'x'));
+  warm_page_cache(path);
+  const uint64_t mib = 1 << 20;
+  drop_range(path, 2 * mib, 2 * mib);  // [2, 4) MiB gone
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  {
+    const engine::Residency res(fd);
+    if (res.fraction(2 * mib, 2 * mib) != 0.0) GTEST_SKIP() << "the page cache kept the pages";
+    EXPECT_EQ(res.fraction({{0, 2 * mib}, {6 * mib, 2 * mib}}, 64), 1.0);
+    EXPECT_EQ(res.fraction({{2 * mib, mib}, {3 * mib, mib}}, 64), 0.0);
+    EXPECT_EQ(res.fraction({{0, 2 * mib}, {2 * mib, 2 * mib}}, 64), 0.5);  // half of each
+    EXPECT_EQ(res.fraction({{2 * mib, 2 * mib}, {6 * mib, 2 * mib}}, 4), 0.5);
+    EXPECT_EQ(res.fraction({}, 64), 1.0);  // nothing asked: mapping is the safe guess
+  }
+  ::close(fd);
+}
+
 TEST_P(HostLoadTest, ResultsOutliveTheReaderAndTheFile) {
   for (HostRoute route : {HostRoute::kMap, HostRoute::kDirect, HostRoute::kCopy}) {
     std::vector<HostTensor> got;
