@@ -261,22 +261,27 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         """Builds the records of every entry (filtered), then loads them unless lazy."""
         self._records: Dict[TensorPath, _Record] = {}
         records, types = self._records, _TENSOR_TYPES
-        for i, e in enumerate(reader.entries()):  # each engine attribute read once: they convert
-            path = TensorPath(e.path)
-            shape, kind, dtype = e.shape, e.type, e.dtype
+        parsed: Dict[str, _dtypes.StoredDType] = {}  # a model stores a handful of dtypes
+        for i, (name, kind, dtype, shape, header_offset, data_offset, data_length, expected) in enumerate(
+            reader.index_rows()  # one tuple per tensor: no engine object or attribute call each
+        ):
+            path = TensorPath(name)
             entry = TensorEntry(  # positional, in field order: a keyword call costs more per tensor
                 5 if shape and max(shape) >= 1 << 32 else 1,  # metadata_version
                 path,
                 types[kind] if kind in types else TensorType(kind),
                 dtype,
                 shape,
-                e.header_offset,
-                e.data_offset,
-                e.data_length,
+                header_offset,
+                data_offset,
+                data_length,
                 None,  # hashes: known once the tensor's header is read
                 None,  # header_hashes
             )
-            records[path] = _Record(i, entry, _dtypes.parse(dtype), e.expected_bytes)
+            stored = parsed.get(dtype)
+            if stored is None:
+                stored = parsed[dtype] = _dtypes.parse(dtype)
+            records[path] = _Record(i, entry, stored, expected)
         if filter_func is not None:
             self._records = {p: r for p, r in self._records.items() if filter_func(p.normalize_())}
         self._plan: Dict[TensorPath, Any] = _slice_plan(self._records, slice_plan)
@@ -415,8 +420,7 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
                 raw if raw.dtype == r.dtype.torch else raw.view(r.dtype.torch).view(r.entry.shape)
                 for (raw, _), r in zip(loaded, records)
             ]
-            for path, (_, via) in zip(paths, loaded):
-                self._loaded_via[path] = via
+            self._loaded_via.update(zip(paths, [via for _, via in loaded]))
         else:
             tensors = [
                 into[p].data if p in into else _dtypes.empty(r.entry.shape, r.dtype.torch)
@@ -425,25 +429,36 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
             infos = self._reader.load(indices, [t.data_ptr() for t in tensors], self._num_readers, verify_hash)
             for path in paths:
                 self._loaded_via[path] = "copied"
-        device = self._device
+        device, cache = self._device, self._cache
+        on_cpu = device.type == "cpu"
+        decided: Dict[torch.dtype, Tuple[Optional[torch.dtype], bool]] = {}  # per stored dtype
+        parameter, make_parameter = torch.nn.Parameter, torch.Tensor._make_subclass
+        self._unhashed.extend(records)  # entry.hashes made when asked for (_metadata, verify_module)
         for k, (path, r, tensor) in enumerate(zip(paths, records, tensors)):
             r.infos, r.at = infos, k  # what its header said, asked for when needed
-            self._unhashed.append(r)  # entry.hashes made when asked for (_metadata, verify_module)
-            if path in into:  # loaded into a module's own tensor: it is the result
+            if into and path in into:  # loaded into a module's own tensor: it is the result
                 existing = into[path]
                 self._loaded_via[path] = "in-place"
-                self._cache[path] = (
+                cache[path] = (
                     existing
-                    if isinstance(existing, torch.nn.Parameter)
-                    else torch.nn.Parameter(existing, requires_grad=_dtypes.requires_grad(existing.dtype))
+                    if isinstance(existing, parameter)
+                    else parameter(existing, requires_grad=_dtypes.requires_grad(existing.dtype))
                 )
                 continue
-            target = self._cast_target(tensor.dtype)
-            # As the reference: from the stored dtype (a cast to an integer dtype cannot have it).
-            grad = _dtypes.requires_grad(tensor.dtype) and _dtypes.requires_grad(target or tensor.dtype)
-            if device.type != "cpu" or target is not None:
+            stored = tensor.dtype
+            if stored not in decided:
+                target = self._cast_target(stored)
+                # As the reference: from the stored dtype (a cast to an integer dtype cannot have it).
+                decided[stored] = (target, _dtypes.requires_grad(stored) and _dtypes.requires_grad(target or stored))
+            target, grad = decided[stored]
+            if not on_cpu or target is not None:
                 tensor = tensor.to(device=device, dtype=target)
-            self._cache[path] = torch.nn.Parameter(tensor, requires_grad=grad)
+            # What Parameter(tensor, grad) does for a plain tensor, without its Python frame.
+            cache[path] = (
+                make_parameter(parameter, tensor, grad)
+                if type(tensor) is torch.Tensor
+                else parameter(tensor, requires_grad=grad)
+            )
 
     # -- Mapping view ------------------------------------------------------------------------
 
