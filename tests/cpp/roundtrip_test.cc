@@ -261,6 +261,23 @@ TEST(RoundTripTest, ALocalIndexIsReadUpToItsEntriesAndWholeWhenTheyRunPastTheFir
   EXPECT_EQ(r->entries().back().name, many.back().name);
   auto loaded = load_to_host(*r, {0, many.size() - 1});
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(loaded[1].data), 8), many.back().bytes);
+  // A bad entry past the first part is reported as such once the whole index is read.
+  std::string bytes = test::read_file(large);
+  const size_t name_at = bytes.find(many.back().name);
+  ASSERT_NE(name_at, std::string::npos);
+  ASSERT_GT(name_at, 64u * 1024);
+  bytes[name_at + many.back().name.size() + 2] =
+      '\xff';  // the dtype's first byte (after type, length)
+  test::write_file(large, bytes);
+  try {
+    Reader::open(large);
+    ADD_FAILURE() << "a bad dtype opened";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFormat);
+    EXPECT_NE(std::string(e.what()).find("index entry 2499 ('" + many.back().name + "')"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(RoundTripTest, ShapeClasses) {
