@@ -33,8 +33,7 @@ using engine::hasher_for;
 using engine::kUnversionedMismatchNote;
 
 // A remote first read takes the prelude and a reference-sized index in one request; a local file
-// reads the prelude, then exactly the index (two small preads: nothing beyond the index is read,
-// and nothing allocated, for an open that only looks at names).
+// reads the prelude, then its index in small preads (nothing beyond the index is read).
 constexpr uint64_t kFirstReadBytes = 512 * 1024;
 // A local file's index is read up to this much first: writers may reserve room they do not fill
 // (ours reserves 256 KiB), and bytes not read cost a fresh process neither a copy nor new pages.
