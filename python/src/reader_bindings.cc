@@ -257,6 +257,18 @@ class PyReader {
   std::optional<Deadline> deadline_;  // of every engine call on this reader, from its opening
 };
 
+// A shape as a tuple of ints.
+nb::tuple shape_to_python(const std::vector<uint64_t>& shape) {
+  nb::tuple out = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(shape.size())));
+  if (!out.is_valid()) throw nb::python_error();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    PyObject* dim = PyLong_FromUnsignedLongLong(shape[d]);
+    if (!dim) throw nb::python_error();
+    PyTuple_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(d), dim);
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_reader(nb::module_& m) {
@@ -271,12 +283,7 @@ void register_reader(nb::module_& m) {
       .def_prop_ro(
           "type", [](const IndexEntry& e) { return static_cast<int>(e.type); }, "TensorType value")
       .def_ro("dtype", &IndexEntry::dtype, "the stored dtype string, e.g. '<f2'")
-      .def_prop_ro("shape",
-                   [](const IndexEntry& e) {
-                     nb::list shape;
-                     for (uint64_t s : e.shape) shape.append(nb::int_(s));
-                     return nb::tuple(shape);
-                   })
+      .def_prop_ro("shape", [](const IndexEntry& e) { return shape_to_python(e.shape); })
       .def_ro("header_offset", &IndexEntry::header_offset)
       .def_ro("data_offset", &IndexEntry::data_offset)
       .def_ro("data_length", &IndexEntry::data_length,
@@ -348,14 +355,9 @@ void register_reader(nb::module_& m) {
             const auto& entries = r.get().entries();
             nb::list rows;
             for (const tensorizer::IndexEntry& e : entries) {
-              nb::tuple shape =
-                  nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(e.shape.size())));
-              for (size_t d = 0; d < e.shape.size(); ++d)
-                PyTuple_SET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(d),
-                                 PyLong_FromUnsignedLongLong(e.shape[d]));
               rows.append(nb::make_tuple(path_to_python(e.path), static_cast<int>(e.type), e.dtype,
-                                         shape, e.header_offset, e.data_offset, e.data_length,
-                                         e.expected_bytes()));
+                                         shape_to_python(e.shape), e.header_offset, e.data_offset,
+                                         e.data_length, e.expected_bytes()));
             }
             return rows;
           },
