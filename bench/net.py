@@ -9,7 +9,10 @@ objects in memory and serves them from Python), so this section uses its own sma
 S3 runs twice: on moto, and on nginx serving the bucket's key path-style (signatures ignored) as a real
 object store serves ranges, so that the S3 client itself is measured. Over HTTP and S3 on nginx, ours
 also runs through the local cache (TENSORIZER_CACHE_DIR): a miss (an empty cache each time) and a hit
-(a cache filled before the rounds), next to ours loading the same file from local disk. The headline
+(a cache filled before the rounds), next to ours loading the same file from local disk. The hit and
+the local file are compared with their page cache in the same state: each is read through, untimed,
+before its load (as the download that filled the cache leaves it), and the share of its bytes then
+resident is kept with the row (page_cache_before; fincore). The headline
 is a fresh process per load (--rounds, alternating the row order); repeats inside one process follow
 as a second table.
 """
@@ -174,6 +177,30 @@ def rows_for(targets, args, cache_root):
     return out
 
 
+def local_files(row):
+    """The local files a row loads from: the cache hit's entries, the local file's path; else none."""
+    label, _, _, _, target, extra_env = row
+    if label.endswith("cache hit"):
+        root = extra_env["TENSORIZER_CACHE_DIR"]
+        return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
+    return [target] if label.startswith("local file") else []
+
+
+def warm_page_cache(paths):
+    """Reads each file through (untimed); returns the share of their bytes then in the page cache."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+    size = sum(os.path.getsize(p) for p in paths)
+    if not paths or not size or not shutil.which("fincore"):
+        return None
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *paths], capture_output=True, text=True
+    )
+    return min(1.0, sum(int(x) for x in out.stdout.split()) / size) if out.returncode == 0 else None
+
+
 def run_row(row, size, reps, warmup, want):
     """One child process for a row; its result dict (with error/missing when it failed)."""
     label, system, python, task, target, extra_env = row
@@ -218,12 +245,17 @@ def main():
     fresh = {}
     for rnd in range(args.rounds):
         for row in rows if rnd % 2 == 0 else rows[::-1]:
+            resident = warm_page_cache(local_files(row))
             res = run_row(row, size, 1, 0, want)
             print(f"net: fresh round {rnd + 1}/{args.rounds} {row[0]} done", file=sys.stderr, flush=True)
+            if resident is not None:
+                res["page_cache_before"] = [resident]
             have = fresh.get(row[0])
             if have is None or "error" in res or "missing" in res or "error" in have:
                 fresh[row[0]] = have if have and "error" in have else res
                 continue
+            if resident is not None:
+                have["page_cache_before"] = have.get("page_cache_before", []) + [resident]
             for key in ("load", "touch", "touch_resident"):
                 have[key] = have[key] + res[key]
     # Secondary: repeats inside one warmed-up process.

@@ -232,6 +232,14 @@ def table(run):
         parts.append(_table(run["save"], "save", "Save (to page cache, no fsync)"))
     if run.get("net_fresh"):
         parts.append(_table(run["net_fresh"], "load", "Network load (loopback), a fresh process per load, defaults"))
+        cached = [r for r in run["net_fresh"] if r.get("page_cache_before")]
+        if cached:
+            parts.append(
+                "Page cache before each load (read through first, untimed): "
+                + "; ".join(
+                    f"{r['label']} {min(r['page_cache_before']):.0%}–{max(r['page_cache_before']):.0%}" for r in cached
+                )
+            )
     if run["net"]:
         parts.append(_table(run["net"], "load", "Network load (loopback), repeats in one process"))
     return "\n\n".join(parts)
