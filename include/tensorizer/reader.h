@@ -34,6 +34,10 @@ struct ReaderOptions {
   TransportOptions transport;
   std::optional<DecryptionParams> decryption;  // required iff the file is encrypted
   bool without_key = false;  // open an encrypted file with no key, to inspect it (no loads)
+  // The caller will load every tensor with load_to_host() next. A remote open whose server is slow
+  // to answer then asks the object's size and maps that much fresh host memory while it waits,
+  // which the load writes into (see host_bytes_premapped()).
+  bool expect_host_load = false;
 };
 
 struct TensorDestination {
@@ -85,6 +89,12 @@ struct LoadedTensorInfo {
     return reinterpret_cast<const uint8_t*>(compact_header.data());
   }
 };
+
+class Reader;
+namespace engine {  // engine internals (engine/warm_block.h)
+class HostBlock;
+std::shared_ptr<HostBlock> take_warm_block(Reader& reader, size_t size);
+}  // namespace engine
 
 class Reader {
  public:
@@ -160,10 +170,14 @@ class Reader {
   // themselves (mapped, direct I/O) reported with count_bytes_read().
   uint64_t bytes_read() const;
   void count_bytes_read(uint64_t n);
+  // Bytes of host memory the open mapped while it waited for the server (expect_host_load) that
+  // the load then wrote into; 0 before such a load, or when none was mapped.
+  uint64_t host_bytes_premapped() const;
 
   struct Impl;  // opaque; defined in reader.cc
 
  private:
+  friend std::shared_ptr<engine::HostBlock> engine::take_warm_block(Reader&, size_t);
   explicit Reader(std::unique_ptr<Impl> impl);
   static std::unique_ptr<Reader> finish_open(std::unique_ptr<Impl> impl,
                                              std::unique_ptr<Source> source,

@@ -46,6 +46,11 @@ class Source {
   virtual ~Source() = default;
   // Total size of the object in bytes.
   virtual uint64_t size() = 0;
+  // The object's size from a request that brings no bytes of it (HTTP, S3: HEAD), for a caller
+  // that wants it while size()'s first request waits for a slow server; nullopt where the
+  // transport has no such request or it failed (errors are size()'s to report). Safe to call
+  // concurrently with size() and reads; makes no request once size() has returned.
+  virtual std::optional<uint64_t> size_without_body() { return std::nullopt; }
   // Reads the contiguous byte range starting at `offset` into the slices in order (their sizes
   // add up to the range length). Reads fully or throws Error (kIO, kNotFound, or kFormat when the
   // range runs past the end of the object). Retries transient failures internally.
@@ -102,6 +107,7 @@ class ForwardingSource : public Source {
  public:
   explicit ForwardingSource(std::shared_ptr<Source> inner) : inner_(std::move(inner)) {}
   uint64_t size() override { return inner_->size(); }
+  std::optional<uint64_t> size_without_body() override { return inner_->size_without_body(); }
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
     inner_->read_scatter(offset, slices, count);
   }

@@ -78,9 +78,10 @@ class PyReader {
   // `target`: anything source_from_python takes (path, URI, descriptor, file object, stream).
   static PyReader* open(nb::handle target, const tensorizer::TransportOptions& transport,
                         nb::handle key, nb::handle passphrase, nb::handle kdf_limits,
-                        double deadline_s) {
+                        double deadline_s, bool expect_host_load) {
     tensorizer::ReaderOptions opt;
     opt.transport = transport;
+    opt.expect_host_load = expect_host_load;
     opt.decryption = decryption_from_python(key, passphrase, kdf_limits);
     std::unique_ptr<tensorizer::Source> source = source_from_python(target, transport);
     std::optional<Deadline> deadline;
@@ -344,8 +345,9 @@ void register_reader(nb::module_& m) {
       .def_static("open", &PyReader::open, nb::arg("target"), nb::arg("transport"),
                   nb::arg("key").none() = nb::none(), nb::arg("passphrase").none() = nb::none(),
                   nb::arg("kdf_limits").none() = nb::none(), nb::arg("deadline") = 0.0,
-                  nb::rv_policy::take_ownership,
-                  "Opens a path, URI, file descriptor, binary file object or _C.Source.")
+                  nb::arg("expect_host_load") = false, nb::rv_policy::take_ownership,
+                  "Opens a path, URI, file descriptor, binary file object or _C.Source; "
+                  "expect_host_load: every tensor will be loaded with load_host next.")
       .def("entries", &PyReader::entries)
       .def(
           "index_rows",
@@ -406,6 +408,8 @@ void register_reader(nb::module_& m) {
       .def_prop_ro("index_size", [](PyReader& r) { return r.get().header().index_size; })
       .def_prop_ro("encrypted", [](PyReader& r) { return r.get().encrypted(); })
       .def_prop_ro("bytes_read", [](PyReader& r) { return r.get().bytes_read(); })
+      .def_prop_ro("host_bytes_premapped",
+                   [](PyReader& r) { return r.get().host_bytes_premapped(); })
       .def_prop_ro("cache_status", [](PyReader& r) { return r.get().source().cache_status(); });
 }
 

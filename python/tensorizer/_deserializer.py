@@ -243,7 +243,19 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         )
         if deadline is not None and (isinstance(deadline, bool) or not deadline > 0):
             raise ValueError(f"deadline must be a number of seconds greater than 0, not {deadline!r}")
-        self._reader = self._open(file_obj, options, key, passphrase, kdf_limits, float(deadline or 0))
+        # Everything to host memory through the engine's block (load_host): a slow server's wait
+        # for its first byte is spent mapping that memory (ReaderOptions::expect_host_load).
+        expect_host_load = (
+            not self._lazy_load
+            and filter_func is None
+            and slice_plan is None
+            and device.type == "cpu"
+            and self._route is not None
+            and not self._staged
+        )
+        self._reader = self._open(
+            file_obj, options, key, passphrase, kdf_limits, float(deadline or 0), expect_host_load
+        )
         self._cache_status = self._reader.cache_status  # the HTTP probe's answer; kept after close
         self._file_label = self._reader.uri
         reader = self._reader
@@ -311,13 +323,22 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
 
     # -- opening -----------------------------------------------------------------------------
 
-    def _open(self, file_obj: Any, options: "_C.TransportOptions", key, passphrase, kdf_limits, deadline: float):
+    def _open(
+        self,
+        file_obj: Any,
+        options: "_C.TransportOptions",
+        key,
+        passphrase,
+        kdf_limits,
+        deadline: float,
+        expect_host_load: bool = False,
+    ):
         """The engine reader over `file_obj`; the engine decides what kind of source it is."""
         if not isinstance(file_obj, (str, bytes, os.PathLike, int)):
             if not isinstance(file_obj, stream_io._EngineStreamFile):
                 self._mode_check(file_obj)
             self._file = file_obj
-        return _C.Reader.open(file_obj, options, key, passphrase, kdf_limits, deadline)
+        return _C.Reader.open(file_obj, options, key, passphrase, kdf_limits, deadline, expect_host_load)
 
     @staticmethod
     def _mode_check(file_obj: Any) -> None:

@@ -10,6 +10,7 @@
 #include "engine/direct_io.h"
 #include "engine/host_block.h"
 #include "engine/verify_tensor.h"
+#include "engine/warm_block.h"
 #include "tensorizer/error.h"
 #include "tensorizer/mapped_load.h"
 
@@ -128,7 +129,9 @@ void load_copied(Reader& r, const std::vector<size_t>& entries, const LoadOption
     offsets[k] = total;
     total = align_up(total + r.entries()[entries[k]].expected_bytes(), kAlignment);
   }
-  auto block = HostBlock::anonymous(total);
+  std::shared_ptr<HostBlock> block =
+      engine::take_warm_block(r, total);  // mapped while the server thought
+  if (!block) block = HostBlock::anonymous(total);
   std::vector<TensorDestination> dests;
   dests.reserve(entries.size());
   for (size_t k = 0; k < entries.size(); ++k)

@@ -42,22 +42,26 @@ void map_ahead_of_write(void* data, size_t size) {
   madvise(begin, bytes, MADV_POPULATE_WRITE);  // best effort
 }
 
+void populate_pages(uint8_t* data, size_t size, PageAccess access, const std::atomic<bool>& stop,
+                    std::atomic<size_t>& done) {
+  const int advice = access == PageAccess::kRead ? MADV_POPULATE_READ : MADV_POPULATE_WRITE;
+  const auto [begin, bytes] = whole_pages(data, size);
+  for (size_t off = 0; off < bytes; off += kPiece) {
+    if (stop.load(std::memory_order_relaxed)) return;
+    const size_t n = std::min(kPiece, bytes - off);
+    if (madvise(begin + off, n, advice) != 0) return;  // unsupported, not ours
+    done.fetch_add(n, std::memory_order_relaxed);
+  }
+}
+
 BackgroundPrefault::BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& given,
                                        Access access) {
-  const int advice = access == Access::kRead ? MADV_POPULATE_READ : MADV_POPULATE_WRITE;
   std::vector<std::pair<uint8_t*, size_t>> ranges;
   for (const auto& [data, size] : given)
-    if (auto pages = whole_pages(data, size); pages.second > 0) ranges.push_back(pages);
+    if (whole_pages(data, size).second > 0) ranges.emplace_back(data, size);
   if (ranges.empty()) return;
-  thread_ = std::thread([this, advice, ranges = std::move(ranges)] {
-    size_t done = 0;
-    for (const auto& [data, size] : ranges)
-      for (size_t off = 0; off < size; off += kPiece) {
-        if (stop_.load(std::memory_order_relaxed)) return;
-        const size_t n = std::min(kPiece, size - off);
-        if (madvise(data + off, n, advice) != 0) break;  // unsupported, not ours
-        done_.store(done += n, std::memory_order_relaxed);
-      }
+  thread_ = std::thread([this, access, ranges = std::move(ranges)] {
+    for (const auto& [data, size] : ranges) populate_pages(data, size, access, stop_, done_);
   });
 }
 

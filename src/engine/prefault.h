@@ -25,9 +25,17 @@ namespace tensorizer::engine {
 // (device memory) or too small to matter is left alone.
 void map_ahead_of_write(void* data, size_t size);
 
+enum class PageAccess { kWrite, kRead };  // MADV_POPULATE_WRITE / MADV_POPULATE_READ
+
+// Maps the whole pages of [data, data + size) in pieces of a few MiB, until all are mapped or
+// `stop` is set, adding each piece's bytes to `done`; stops early where the kernel lacks
+// MADV_POPULATE_* (before 5.14) or the memory is not this process's.
+void populate_pages(uint8_t* data, size_t size, PageAccess access, const std::atomic<bool>& stop,
+                    std::atomic<size_t>& done);
+
 class BackgroundPrefault {
  public:
-  enum class Access { kWrite, kRead };  // MADV_POPULATE_WRITE / MADV_POPULATE_READ
+  using Access = PageAccess;
   // Starts mapping the whole pages of each range (data, size), in order; does nothing where the
   // kernel lacks MADV_POPULATE_* (before 5.14). kRead maps file pages without copying them.
   explicit BackgroundPrefault(const std::vector<std::pair<uint8_t*, size_t>>& ranges,

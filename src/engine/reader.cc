@@ -19,6 +19,7 @@
 #include "engine/prefault.h"
 #include "engine/read_planner.h"
 #include "engine/verify_tensor.h"
+#include "engine/warm_block.h"
 #include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
 #include "tensorizer/hash.h"
@@ -110,6 +111,8 @@ struct Reader::Impl {
   std::vector<std::unique_ptr<LoadedTensorInfo>> loaded;
   std::atomic<uint64_t> bytes_read_elsewhere{0};  // by mapped and direct loads
   double first_read_s = 0;  // what one request costs: its wait for a first byte, else the open's
+  uint64_t premapped = 0;   // host_bytes_premapped()
+  std::unique_ptr<engine::WarmBlock> warm;  // expect_host_load; last, so it goes before the source
 };
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -126,7 +129,10 @@ std::unique_ptr<Reader> Reader::open(std::unique_ptr<Source> source, const Reade
     // The first contact (HTTP: the probe, which brings the first 512 KiB too) and the first read,
     // timed together: what one request costs.
     const auto asked = std::chrono::steady_clock::now();
+    if (options.expect_host_load && source->local_fd() < 0)
+      impl->warm = std::make_unique<engine::WarmBlock>(*source, engine::warm_block_limit());
     const uint64_t size = source->size();
+    if (impl->warm) impl->warm->first_response_arrived();
     if (size < kMagicSize)
       fail(ErrorCode::kFormat, "not a tensorizer file (only " + std::to_string(size) + " bytes)");
     const uint64_t first = source->local_fd() >= 0 ? kPreludeSize : kFirstReadBytes;
@@ -231,6 +237,17 @@ std::string LoadedTensorInfo::raw_header() const {
 }
 
 void Reader::count_bytes_read(uint64_t n) { impl_->bytes_read_elsewhere += n; }
+uint64_t Reader::host_bytes_premapped() const { return impl_->premapped; }
+
+namespace engine {
+std::shared_ptr<HostBlock> take_warm_block(Reader& reader, size_t size) {
+  Reader::Impl& impl = *reader.impl_;
+  if (!impl.warm) return nullptr;
+  std::shared_ptr<HostBlock> block = impl.warm->take(size);
+  if (block) impl.premapped = std::min<uint64_t>(impl.warm->mapped_bytes(), size);
+  return block;
+}
+}  // namespace engine
 const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
   return entry < impl_->loaded.size() ? impl_->loaded[entry].get() : nullptr;
 }

@@ -452,6 +452,31 @@ class HttpSource final : public Source {
     return s_->size;
   }
 
+  // HEAD on a handle of its own (pooled afterwards, for the load's next request: prepare_request
+  // resets it). Only a 200 with a Content-Length counts.
+  std::optional<uint64_t> size_without_body() override {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      if (s_->probed) return s_->size;
+    }
+    try {
+      CurlEasy h = net::make_easy();
+      net::CurlHeaders headers;
+      net::prepare_request(h.get(), s_->target, s_->http, s_->retry, headers);
+      Attempt a;
+      Transfer t{s_.get(), &a, 0, 0};
+      curl_easy_setopt(h.get(), CURLOPT_NOBODY, 1L);
+      curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+      curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+      if (h.perform() != CURLE_OK || a.meta.status != 200 || !a.meta.content_length)
+        return std::nullopt;
+      s_->give(std::move(h));
+      return a.meta.content_length;
+    } catch (const std::exception&) {  // cancelled: size() reports it
+      return std::nullopt;
+    }
+  }
+
   void read_scatter(uint64_t offset, const IoSlice* slices, size_t count) override {
     probe();
     uint64_t total;

@@ -372,9 +372,13 @@ def test_open_stream_then_load_probes_the_object_once(monkeypatch):
     by_uri = moto_log_lines("auth", key)[before:]
 
     methods = [line.split('"')[1].split()[0] for line in through_stream]
-    assert methods == [line.split('"')[1].split()[0] for line in by_uri], (through_stream, by_uri)
+    methods_by_uri = [line.split('"')[1].split()[0] for line in by_uri]
+    # A HEAD is timing's, not the route's: an eager load by URI asks the size while a first answer
+    # slower than 50 ms is coming (engine/warm_block.h).
+    assert [m for m in methods if m != "HEAD"] == [m for m in methods_by_uri if m != "HEAD"], (through_stream, by_uri)
     assert all(" 20" in line.split('"')[2][:4] for line in through_stream), through_stream  # 200/206
     assert methods.count("HEAD") <= 1, through_stream
+    assert methods_by_uri.count("HEAD") <= 1, by_uri
 
 
 def test_open_stream_writes_s3_through_the_engine_sink():

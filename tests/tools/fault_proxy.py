@@ -12,6 +12,8 @@ connections pass through untouched. Bytes are counted on the server-to-client di
   503, 429        answer `HTTP/1.1 503 Service Unavailable` (or 429 Too Many Requests), Retry-After: 0,
                   without contacting upstream
   refuse          close the connection at once, before any byte
+  delay:MS        hold the server's first bytes back for MS milliseconds, then forward everything (a
+                  server slow to start its answer)
 
 Example: --actions "drop:1000-5000000x20" drops the first 20 connections at random offsets.
 --rate B caps every connection at B bytes per second (server to client), as a per-connection
@@ -38,7 +40,7 @@ def parse_actions(text, rng):
             item, n = item.rsplit("x", 1)
             count = int(n)
         kind, _, arg = item.partition(":")
-        if kind not in ("pass", "drop", "reset", "stall", "503", "429", "refuse"):
+        if kind not in ("pass", "drop", "reset", "stall", "503", "429", "refuse", "delay"):
             raise SystemExit(f"fault_proxy: unknown action {kind!r}")
         for _ in range(count):
             limit = None
@@ -117,6 +119,9 @@ class Proxy:
                 if ahead > 0:
                     await asyncio.sleep(ahead)
             data = await up_reader.read(piece)
+            if kind == "delay" and limit and state["sent"] == 0 and not state["faulted"]:
+                state["faulted"] = True
+                await asyncio.sleep(limit / 1000)
             if not data:
                 writer.write_eof() if writer.can_write_eof() else None
                 return
