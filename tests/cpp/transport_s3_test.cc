@@ -164,6 +164,15 @@ class S3CredentialsTest : public ::testing::Test {
     }
   }
   void write(const std::string& path, const std::string& text) { test::write_file(path, text); }
+  // The test server's endpoint and credentials, given as arguments.
+  TransportOptions explicit_credentials() const {
+    TransportOptions t;
+    t.s3.endpoint = endpoint_;
+    t.s3.force_http = true;
+    t.s3.access_key_id = key_;
+    t.s3.secret_access_key = secret_;
+    return t;
+  }
 
   test::ScopedEnv env_;
   test::TempDir home_;
@@ -173,11 +182,7 @@ class S3CredentialsTest : public ::testing::Test {
 const char* kWrong = "WRONGsecretWRONGsecretWRONGsecret0000000";
 
 TEST_F(S3CredentialsTest, ExplicitArguments) {
-  TransportOptions t;
-  t.s3.endpoint = endpoint_;
-  t.s3.force_http = true;
-  t.s3.access_key_id = key_;
-  t.s3.secret_access_key = secret_;
+  TransportOptions t = explicit_credentials();
   expect_works(t);
   t.s3.secret_access_key = kWrong;
   expect_denied(t, "explicit arguments", kWrong);
@@ -186,11 +191,7 @@ TEST_F(S3CredentialsTest, ExplicitArguments) {
 // The size asked without a body (a HEAD, engine/warm_block.h) is signed like every GET: moto,
 // which checks signatures here, answers it with the object's size; a wrong secret gets none.
 TEST_F(S3CredentialsTest, ASignedHeadGivesTheSize) {
-  TransportOptions t;
-  t.s3.endpoint = endpoint_;
-  t.s3.force_http = true;
-  t.s3.access_key_id = key_;
-  t.s3.secret_access_key = secret_;
+  TransportOptions t = explicit_credentials();
   const std::optional<uint64_t> size = open_source(uri(), t)->size_without_body();
   ASSERT_TRUE(size.has_value());
   EXPECT_EQ(*size, open_source(uri(), t)->size());

@@ -19,14 +19,10 @@ constexpr const char* kSlowFirstAnswer = "delay:1000";  // the probe's connectio
 class WarmBlockTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    url_ = test::env_or_empty("TZ_TEST_HTTP_URL");
-    root_ = test::env_or_empty("TZ_TEST_HTTP_ROOT");
-    log_ = test::env_or_empty("TZ_TEST_HTTP_ACCESS_LOG");
-    if (url_.empty() || root_.empty() || log_.empty()) {
-      if (test::env_or_empty("TZ_REQUIRE_SERVERS") == "1")
-        FAIL() << "TZ_TEST_HTTP_* are not set although TZ_REQUIRE_SERVERS=1";
-      GTEST_SKIP() << "TZ_TEST_HTTP_* are not set: run under scripts/with-servers.sh";
-    }
+    TZ_SERVER_ENV(url, "TZ_TEST_HTTP_URL");
+    TZ_SERVER_ENV(root, "TZ_TEST_HTTP_ROOT");
+    TZ_SERVER_ENV(log, "TZ_TEST_HTTP_ACCESS_LOG");
+    url_ = url, root_ = root, log_ = log;
     name_ = test::unique_name("warm") + ".tensors";
     auto w = Writer::open(root_ + "/" + name_);
     w->write(model_.requests);
