@@ -1,11 +1,14 @@
 """Shared helpers for the Python tests: fixture files and manifests, raw tensor bytes, and the
 reference tensorizer in .venv-ref (run as a subprocess)."""
 
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
 import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -37,6 +40,27 @@ def save_state_dict(path, sd) -> pathlib.Path:
     with TensorSerializer(str(path)) as s:
         s.write_state_dict(sd)
     return pathlib.Path(path)
+
+
+@contextlib.contextmanager
+def fault_proxy(script, url, actions, tmp_path):
+    """tests/tools/fault_proxy.py in front of the server of `url` (http://host:port/...), applying
+    `actions`; yields (the proxy's http://127.0.0.1:port, the path of its log)."""
+    port_file, log = tmp_path / "proxy-port", tmp_path / "proxy-log"
+    upstream = url.split("://", 1)[1].split("/", 1)[0]
+    proxy = subprocess.Popen(
+        [sys.executable, script, "--upstream", upstream, "--actions", actions]
+        + ["--port-file", str(port_file), "--log", str(log)]
+    )
+    try:
+        for _ in range(200):
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text().strip()}", log
+    finally:
+        proxy.terminate()
+        proxy.wait()
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

@@ -21,6 +21,7 @@ import torch
 
 from tensorizer import TensorSerializer
 
+from conftest import fault_proxy
 from test_remote import server_env
 
 TIMEOUT_S = 15  # the process group's timeout in the children
@@ -149,23 +150,11 @@ def test_cooperative_http_load_through_dropped_connections(tmp_path):
     url, root, proxy_script = server_env("TZ_TEST_HTTP_URL", "TZ_TEST_HTTP_ROOT", "TZ_TEST_FAULT_PROXY")
     name = f"coop-{uuid.uuid4().hex}.tensors"
     data_bytes = write_model(os.path.join(root, name))
-    port_file, log = tmp_path / "port", tmp_path / "log"
-    upstream = url.split("://", 1)[1].split("/", 1)[0]
-    proxy = subprocess.Popen(
-        [sys.executable, proxy_script, "--upstream", upstream, "--actions", "drop:20000-400000x12"]
-        + ["--port-file", str(port_file), "--log", str(log)]
-    )
     try:
-        for _ in range(200):
-            if port_file.exists() and port_file.read_text().strip():
-                break
-            time.sleep(0.05)
-        proxied = f"http://127.0.0.1:{port_file.read_text().strip()}/{name}"
-        check_ranks(run_ranks(2, "load", {"file": proxied, "dim": 1}), 2, 1, data_bytes)
+        with fault_proxy(proxy_script, url, "drop:20000-400000x12", tmp_path) as (proxy_url, log):
+            check_ranks(run_ranks(2, "load", {"file": f"{proxy_url}/{name}", "dim": 1}), 2, 1, data_bytes)
         assert "faulted" in log.read_text()  # connections were dropped, and the load resumed
     finally:
-        proxy.terminate()
-        proxy.wait()
         os.unlink(os.path.join(root, name))
 
 

@@ -16,7 +16,7 @@ import torch
 
 from tensorizer import TensorDeserializer, TensorSerializer, stream_io
 
-from conftest import FIXTURES_ROOT, tensor_bytes
+from conftest import FIXTURES_ROOT, fault_proxy, tensor_bytes
 
 FIXTURES = FIXTURES_ROOT / "tensorizer-2.11.1"
 MANIFEST = __import__("json").loads((FIXTURES / "manifest.json").read_text())
@@ -413,3 +413,29 @@ def test_redis_sink_without_parts_refuses_to_publish():
     assert sink.closed
     assert sorted(client.scan_iter(match=f"{prefix}*")) == [f"{prefix}:header:0".encode()]
     assert client.get(f"{prefix}:header:0") == b"kept"
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_an_eager_cpu_load_maps_its_memory_while_a_slow_server_thinks(tmp_path, lazy):
+    """An eager CPU load of every tensor asks the engine to map its host memory while the server's
+    first answer is slow (ReaderOptions::expect_host_load, engine/warm_block.h); a lazy load does
+    not. nginx behind the fault proxy, its first answer held back 1 s, sees one HEAD for the eager
+    load and none for the lazy one; the tensors are exact either way."""
+    url, root, access_log, proxy_script = server_env(
+        "TZ_TEST_HTTP_URL", "TZ_TEST_HTTP_ROOT", "TZ_TEST_HTTP_ACCESS_LOG", "TZ_TEST_FAULT_PROXY"
+    )
+    name = f"warm-{uuid.uuid4().hex}.tensors"
+    sd = {"a": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(3, 5, dtype=torch.float16)}
+    s = TensorSerializer(os.path.join(root, name))
+    s.write_state_dict(sd)
+    s.close()
+    try:
+        with fault_proxy(proxy_script, url, "delay:1000", tmp_path) as (proxy_url, _):
+            with TensorDeserializer(f"{proxy_url}/{name}", device="cpu", lazy_load=lazy) as d:
+                for k, v in sd.items():
+                    assert torch.equal(d[k], v), k
+        with open(access_log) as f:
+            heads = [line for line in f if f'"HEAD /{name} ' in line]
+        assert len(heads) == (0 if lazy else 1), heads
+    finally:
+        os.unlink(os.path.join(root, name))
