@@ -1,7 +1,8 @@
 // The open of a remote object that will be loaded to host memory (ReaderOptions::expect_host_load,
 // engine/warm_block.h) against nginx behind the fault proxy, whose first answer it holds back: the
 // open asks the size with one HEAD, the wait is spent mapping the load's memory, and the load
-// writes the exact bytes into it. Without the option no HEAD is sent and nothing is mapped ahead.
+// writes the exact bytes into it. A HEAD left unanswered holds nothing up. Without the option no
+// HEAD is sent and nothing is mapped ahead.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -78,6 +79,13 @@ TEST_F(WarmBlockTest, ASlowServersWaitIsSpentMappingTheMemoryTheLoadWritesInto) 
   for (const std::string& d : model_.data) total = (total + d.size() + 63) / 64 * 64;
   EXPECT_EQ(premapped, total);
   EXPECT_EQ(requests("HEAD"), 1u);
+}
+
+// A server that never answers the HEAD holds nothing up: the load goes on without the block once
+// the first answer comes, and closing the reader cancels the HEAD (its poll notices within 100 ms).
+TEST_F(WarmBlockTest, AHeadThatNeverAnswersHoldsNothingUp) {
+  test::FaultProxy proxy(test::host_port(url_), std::string(kSlowFirstAnswer) + ",stall:0");
+  EXPECT_EQ(load_all(through(proxy), /*expect_host_load=*/true), 0u);
 }
 
 TEST_F(WarmBlockTest, WithoutTheOptionNoSizeIsAskedAndNothingIsMappedAhead) {
