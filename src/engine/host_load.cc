@@ -172,7 +172,9 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
   // Route of each tensor: slots[k] is where its result goes. Under kAuto the share of each tensor
   // in the page cache decides, and that of all mappable bytes together (kMapAllIfResident).
   const size_t n = entries.size();
-  std::vector<char> mappable(n), directable(n);
+  // judged: a tensor whose route its residency decides (kAuto, and it could be mapped or read
+  // direct).
+  std::vector<char> mappable(n), directable(n), judged(n);
   std::vector<double> cached(n, 1.0);
   std::vector<std::pair<uint64_t, uint64_t>> asked;  // the byte ranges whose residency decides
   for (size_t k = 0; k < n; ++k) {
@@ -180,8 +182,8 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
     mappable[k] =
         route != HostRoute::kCopy && route != HostRoute::kDirect && can_map(reader, entries[k]);
     directable[k] = direct_io && can_direct(reader, e);  // if the file system allows (below)
-    if (route == HostRoute::kAuto && (mappable[k] || directable[k]))
-      asked.push_back({e.data_offset, e.data_length});
+    judged[k] = route == HostRoute::kAuto && (mappable[k] || directable[k]);
+    if (judged[k]) asked.push_back({e.data_offset, e.data_length});
   }
   double map_bytes = 0, map_cached = 0;
   if (!asked.empty()) {
@@ -190,7 +192,7 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
     const engine::Residency residency(fd);
     const double whole = residency.fraction(asked, kFileSamples);
     for (size_t k = 0; k < n; ++k) {
-      if (route != HostRoute::kAuto || !(mappable[k] || directable[k])) continue;
+      if (!judged[k]) continue;
       const IndexEntry& e = reader.entries()[entries[k]];
       cached[k] =
           whole == 1.0 || whole == 0.0 ? whole : residency.fraction(e.data_offset, e.data_length);
@@ -204,7 +206,7 @@ std::vector<HostTensor> load_to_host(Reader& reader, const std::vector<size_t>& 
   std::vector<char> dio(n);
   bool any_dio = false;
   for (size_t k = 0; k < n; ++k) {
-    if (route == HostRoute::kAuto && (mappable[k] || directable[k])) {
+    if (judged[k]) {
       const bool resident = cached[k] > kMappedIfResident || (warm_file && mappable[k]);
       dio[k] = directable[k] && !resident;
     } else if (route == HostRoute::kDirect) {
