@@ -254,10 +254,9 @@ def main():
             if have is None or "error" in res or "missing" in res or "error" in have:
                 fresh[row[0]] = have if have and "error" in have else res
                 continue
-            if resident is not None:
-                have["page_cache_before"] = have.get("page_cache_before", []) + [resident]
-            for key in ("load", "touch", "touch_resident"):
-                have[key] = have[key] + res[key]
+            for key in ("load", "touch", "touch_resident", "page_cache_before"):
+                if key in res:
+                    have[key] = have.get(key, []) + res[key]
     # Secondary: repeats inside one warmed-up process.
     inprocess = []
     for row in rows if args.reps > 0 else []:
