@@ -17,6 +17,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -140,6 +141,26 @@ def load_curl(url):
     return None, []
 
 
+class _Unlinked:
+    """Owner of a file the bytes were kept in: removes it when the load's result is dropped."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        os.unlink(self.path)
+
+
+def load_curl_kept(url):
+    """Raw HTTP client that keeps the bytes in memory, as a load must: curl into a file on tmpfs
+    (/dev/shm), so the time includes the fresh pages the object lands in, which /dev/null skips."""
+    fd, path = tempfile.mkstemp(prefix="bench-curl-", dir="/dev/shm")
+    os.close(fd)
+    owner = _Unlinked(path)
+    subprocess.run(["curl", "-s", "-f", "-o", path, url], check=True)
+    return owner, []
+
+
 def load_redis_get(url):
     """Raw Redis client: GET of every key under redis://host:port/prefix, in file order, into bytes."""
     import redis
@@ -168,6 +189,7 @@ LOADERS = {
     "cat": load_cat,
     "dd_direct": load_dd_direct,
     "curl": load_curl,
+    "curl_kept": load_curl_kept,
     "redis_get": load_redis_get,
 }
 
@@ -327,8 +349,10 @@ def main():
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     res.update(info, peak_rss=ru)
     res.setdefault("rss_base", base)
-    if args.task in ("cat", "curl", "dd_direct"):  # the tool's peak is not measurable here (its ru_maxrss counts the
-        res.update(rss_base=0, peak_rss=None)  # forked Python it started as), and not the point of the row
+    # The tool's peak is not measurable here (its ru_maxrss counts the forked Python it started as),
+    # and not the point of the row.
+    if args.task in ("cat", "curl", "curl_kept", "dd_direct"):
+        res.update(rss_base=0, peak_rss=None)
     print(json.dumps(res))
 
 

@@ -4,8 +4,10 @@ bench.py calls run() only when scripts/with-servers.sh exists; run() re-enters t
 script (nginx, moto S3 and redis-server on 127.0.0.1, described by TZ_TEST_* variables), where main()
 publishes the reference-written file on each server and times every loader in a fresh process
 (bench/child.py). The raw clients are curl into /dev/null (HTTP; S3 through a presigned URL, as the
-reference fetches) and redis-py GETs of every key. BENCH_NET_SIZE_GB (default 1) caps the file served (moto keeps
-objects in memory and serves them from Python), so this section uses its own smaller file if needed.
+reference fetches), the same curl into a file on tmpfs (the bytes kept in fresh memory, as a load
+keeps them; /dev/null skips that cost) and redis-py GETs of every key. BENCH_NET_SIZE_GB (default
+1) caps the file served (moto keeps objects in memory and serves them from Python), so this section
+uses its own smaller file if needed.
 S3 runs twice: on moto, and on nginx serving the bucket's key path-style (signatures ignored) as a real
 object store serves ranges, so that the S3 client itself is measured. Over HTTP and S3 on nginx, ours
 also runs through the local cache (TENSORIZER_CACHE_DIR): a miss (an empty cache each time) and a hit
@@ -166,8 +168,11 @@ def rows_for(targets, args, cache_root):
             filled = {"TENSORIZER_CACHE_DIR": os.path.join(cache_root, transport.replace(" ", "_"))}
             group.append(("ours, cache miss", args.ours_python, "tensorizer_cache_miss", url, {}))
             group.append(("ours, cache hit", args.ours_python, "tensorizer", url, filled))
-        raw = ("curl", raw_url or url) if transport != "Redis" else ("redis_get", raw_url)
-        group.append((f"raw {raw[0]}", sys.executable, raw[0], raw[1], {}))
+        if transport == "Redis":
+            group.append(("raw redis_get", sys.executable, "redis_get", raw_url, {}))
+        else:  # curl into /dev/null, and into memory it keeps, as a load must
+            group.append(("raw curl", sys.executable, "curl", raw_url or url, {}))
+            group.append(("raw curl, kept in memory (tmpfs)", sys.executable, "curl_kept", raw_url or url, {}))
         for name, python, task, target, env in group:
             system = "ours" if name.startswith("ours") else "ref" if name.startswith("ref") else "baseline"
             env = dict(extra_env, BENCH_CACHE_ROOT=cache_root, **env)
