@@ -15,6 +15,7 @@ import importlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,7 +158,10 @@ def load_curl_kept(url):
     fd, path = tempfile.mkstemp(prefix="bench-curl-", dir="/dev/shm")
     os.close(fd)
     owner = _Unlinked(path)
-    subprocess.run(["curl", "-s", "-f", "-o", path, url], check=True)
+    code = subprocess.run(["curl", "-s", "-f", "-o", path, url]).returncode
+    if code != 0:
+        free = shutil.disk_usage("/dev/shm").free
+        raise RuntimeError(f"curl into {path} failed (exit {code}; /dev/shm has {free / 1e9:.2f} GB free)")
     return owner, []
 
 
