@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <thread>
 
@@ -17,8 +16,6 @@
 
 namespace tensorizer::net {
 namespace {
-
-std::once_flag g_curl_once;
 
 std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
@@ -51,7 +48,7 @@ std::string xml_field(const std::string& body, const char* tag) {
 }  // namespace
 
 void CurlHeaders::add(const std::string& line) {
-  curl_slist* next = curl_slist_append(list_, line.c_str());
+  curl_slist* next = libcurl().slist_append(list_, line.c_str());
   if (!next) fail(ErrorCode::kIO, "out of memory building HTTP headers");
   list_ = next;
 }
@@ -66,28 +63,28 @@ CurlEasy& CurlEasy::operator=(CurlEasy&& o) noexcept {
 }
 
 CurlEasy::~CurlEasy() {
-  if (running_) curl_multi_remove_handle(multi_, easy_);
-  if (easy_) curl_easy_cleanup(easy_);
-  if (multi_) curl_multi_cleanup(multi_);
+  if (running_) libcurl().multi_remove_handle(multi_, easy_);
+  if (easy_) libcurl().easy_cleanup(easy_);
+  if (multi_) libcurl().multi_cleanup(multi_);
   easy_ = nullptr, multi_ = nullptr;
 }
 
 CURLM* CurlEasy::multi() {
-  if (!multi_ && !(multi_ = curl_multi_init()))
+  if (!multi_ && !(multi_ = libcurl().multi_init()))
     fail(ErrorCode::kIO, "cannot create a libcurl multi handle");
   return multi_;
 }
 
 CURLcode CurlEasy::perform(const bool* parked) {
   CURLM* m = multi();
-  if (curl_multi_add_handle(m, easy_) != CURLM_OK) return CURLE_FAILED_INIT;
+  if (libcurl().multi_add_handle(m, easy_) != CURLM_OK) return CURLE_FAILED_INIT;
   running_ = true;
   return drive(parked);
 }
 
 CURLcode CurlEasy::resume(const bool* parked) {
   if (!running_) return CURLE_FAILED_INIT;
-  curl_easy_pause(easy_, CURLPAUSE_CONT);  // may deliver the data it holds right here
+  libcurl().easy_pause(easy_, CURLPAUSE_CONT);  // may deliver the data it holds right here
   return drive(parked);
 }
 
@@ -96,12 +93,12 @@ CURLcode CurlEasy::drive(const bool* parked) {
   CURLcode result = CURLE_OK;
   for (bool done = false; !done;) {
     int running = 0;
-    if (curl_multi_perform(m, &running) != CURLM_OK) {
+    if (libcurl().multi_perform(m, &running) != CURLM_OK) {
       result = CURLE_FAILED_INIT;
       break;
     }
     int left = 0;
-    while (CURLMsg* msg = curl_multi_info_read(m, &left))
+    while (CURLMsg* msg = libcurl().multi_info_read(m, &left))
       if (msg->msg == CURLMSG_DONE) done = true, result = msg->data.result;
     if (done) break;
     if (parked && *parked) return CURLE_OK;  // stays in the multi handle, paused
@@ -109,17 +106,16 @@ CURLcode CurlEasy::drive(const bool* parked) {
       result = CURLE_ABORTED_BY_CALLBACK;
       break;
     }
-    curl_multi_poll(m, nullptr, 0, kPollMs, nullptr);
+    libcurl().multi_poll(m, nullptr, 0, kPollMs, nullptr);
   }
-  curl_multi_remove_handle(m, easy_);
+  libcurl().multi_remove_handle(m, easy_);
   running_ = false;
   if (result == CURLE_ABORTED_BY_CALLBACK) check_cancelled();
   return result;
 }
 
 CurlEasy make_easy() {
-  std::call_once(g_curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  CURL* h = curl_easy_init();
+  CURL* h = libcurl().easy_init();
   if (!h) fail(ErrorCode::kIO, "cannot create a libcurl handle");
   return CurlEasy(h);
 }
@@ -145,39 +141,40 @@ std::string default_ca_file() {
 void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
                      const RetryOptions& retry, CurlHeaders& headers,
                      const std::vector<std::string>& extra) {
-  curl_easy_reset(h);  // keeps live connections and caches, drops per-request options
-  curl_easy_setopt(h, CURLOPT_URL, target.url.c_str());
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_USERAGENT, "tensorizer-cpp/0.1 (libcurl)");
-  curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-  curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
+  libcurl().easy_reset(h);  // keeps live connections and caches, drops per-request options
+  libcurl().easy_setopt(h, CURLOPT_URL, target.url.c_str());
+  libcurl().easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  libcurl().easy_setopt(h, CURLOPT_USERAGENT, "tensorizer-cpp/0.1 (libcurl)");
+  libcurl().easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  libcurl().easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
   const long connect_ms = std::max(1L, static_cast<long>(retry.connect_timeout_s * 1000));
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+  libcurl().easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
   if (retry.stall_timeout_s > 0) {
     // Slower than the floor rate for stall_timeout_s = a stalled transfer.
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, kStallFloorBytesPerSecond);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(retry.stall_timeout_s)));
+    libcurl().easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, kStallFloorBytesPerSecond);
+    libcurl().easy_setopt(h, CURLOPT_LOW_SPEED_TIME,
+                          std::max(1L, std::lround(retry.stall_timeout_s)));
   }
   const std::string ca_file = http.ca_file.empty() ? default_ca_file() : http.ca_file;
-  if (!ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, ca_file.c_str());
-  if (!http.ca_path.empty()) curl_easy_setopt(h, CURLOPT_CAPATH, http.ca_path.c_str());
+  if (!ca_file.empty()) libcurl().easy_setopt(h, CURLOPT_CAINFO, ca_file.c_str());
+  if (!http.ca_path.empty()) libcurl().easy_setopt(h, CURLOPT_CAPATH, http.ca_path.c_str());
   if (http.allow_untrusted) {
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
+    libcurl().easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
+    libcurl().easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
   }
   headers.add("Accept-Encoding: identity");
   for (const auto& line : http.headers) headers.add(line);
   for (const auto& line : target.headers) headers.add(line);
   for (const auto& line : extra) headers.add(line);
   if (!target.sigv4.empty()) {
-    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, target.sigv4.c_str());
-    curl_easy_setopt(h, CURLOPT_USERNAME, target.access_key.c_str());
-    curl_easy_setopt(h, CURLOPT_PASSWORD, target.secret_key.c_str());
+    libcurl().easy_setopt(h, CURLOPT_AWS_SIGV4, target.sigv4.c_str());
+    libcurl().easy_setopt(h, CURLOPT_USERNAME, target.access_key.c_str());
+    libcurl().easy_setopt(h, CURLOPT_PASSWORD, target.secret_key.c_str());
     // S3 wants the payload hash header; bodies are not hashed (TLS or the part ETag covers them).
     headers.add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
     if (!target.session_token.empty()) headers.add("x-amz-security-token: " + target.session_token);
   }
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+  libcurl().easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
 }
 
 void ResponseMeta::feed(const char* data, size_t size) {
@@ -249,7 +246,7 @@ bool retryable(CURLcode code) {
 }
 
 std::string curl_error_text(CURLcode code, const char* errbuf) {
-  return std::string("curl: ") + (errbuf && errbuf[0] ? errbuf : curl_easy_strerror(code)) +
+  return std::string("curl: ") + (errbuf && errbuf[0] ? errbuf : libcurl().easy_strerror(code)) +
          " (cURL exit code " + std::to_string(static_cast<int>(code)) + ")";
 }
 

@@ -6,8 +6,6 @@
 // formats credentials.
 #pragma once
 
-#include <curl/curl.h>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -16,6 +14,7 @@
 
 #include "tensorizer/error.h"
 #include "tensorizer/transport.h"
+#include "transport/libcurl.h"
 
 namespace tensorizer::net {
 
@@ -78,7 +77,9 @@ class CurlHeaders {
   CurlHeaders() = default;
   CurlHeaders(const CurlHeaders&) = delete;
   CurlHeaders& operator=(const CurlHeaders&) = delete;
-  ~CurlHeaders() { curl_slist_free_all(list_); }
+  ~CurlHeaders() {
+    if (list_) libcurl().slist_free_all(list_);
+  }
   void add(const std::string& line);
   curl_slist* get() const { return list_; }
 

@@ -250,12 +250,12 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
 // a read behind it starts a new one. So a sequential reader downloads the object once.
 class StreamCursor {
  public:
-  explicit StreamCursor(Shared& s) : s_(s), multi_(curl_multi_init()) {
+  explicit StreamCursor(Shared& s) : s_(s), multi_(net::libcurl().multi_init()) {
     if (!multi_) fail(ErrorCode::kIO, "cannot create a libcurl multi handle");
   }
   ~StreamCursor() {
     stop();
-    curl_multi_cleanup(multi_);
+    net::libcurl().multi_cleanup(multi_);
   }
 
   // Reads [offset, offset+total) into `slices` (advanced as bytes land); returns the bytes
@@ -293,20 +293,21 @@ class StreamCursor {
       }
       if (paused_) {
         paused_ = false;
-        curl_easy_pause(easy_.get(), CURLPAUSE_CONT);  // may deliver buffered data right here
+        net::libcurl().easy_pause(easy_.get(),
+                                  CURLPAUSE_CONT);  // may deliver buffered data right here
         continue;
       }
       int running = 0;
-      curl_multi_perform(multi_, &running);
+      net::libcurl().multi_perform(multi_, &running);
       int left = 0;
-      while (CURLMsg* m = curl_multi_info_read(multi_, &left))
+      while (CURLMsg* m = net::libcurl().multi_info_read(multi_, &left))
         if (m->msg == CURLMSG_DONE) finished_ = true, result_ = m->data.result;
       if (!finished_ && got_ < want_ && !paused_) {
         if (cancel_requested()) {
           stop();
           check_cancelled();
         }
-        curl_multi_poll(multi_, nullptr, 0, net::kPollMs, nullptr);
+        net::libcurl().multi_poll(multi_, nullptr, 0, net::kPollMs, nullptr);
       }
     }
     status = meta_.status;
@@ -329,17 +330,17 @@ class StreamCursor {
     easy_ = net::make_easy();
     headers_ = std::make_unique<net::CurlHeaders>();
     net::prepare_request(easy_.get(), s_.target, s_.http, s_.retry, *headers_);
-    curl_easy_setopt(easy_.get(), CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(easy_.get(), CURLOPT_HEADERDATA, this);
-    curl_easy_setopt(easy_.get(), CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(easy_.get(), CURLOPT_WRITEDATA, this);
-    curl_easy_setopt(easy_.get(), CURLOPT_ERRORBUFFER, errbuf_);
-    curl_multi_add_handle(multi_, easy_.get());
+    net::libcurl().easy_setopt(easy_.get(), CURLOPT_HEADERFUNCTION, on_header);
+    net::libcurl().easy_setopt(easy_.get(), CURLOPT_HEADERDATA, this);
+    net::libcurl().easy_setopt(easy_.get(), CURLOPT_WRITEFUNCTION, on_data);
+    net::libcurl().easy_setopt(easy_.get(), CURLOPT_WRITEDATA, this);
+    net::libcurl().easy_setopt(easy_.get(), CURLOPT_ERRORBUFFER, errbuf_);
+    net::libcurl().multi_add_handle(multi_, easy_.get());
   }
 
   void stop() {
     if (easy_) {
-      curl_multi_remove_handle(multi_, easy_.get());
+      net::libcurl().multi_remove_handle(multi_, easy_.get());
       easy_.reset();
     }
     headers_.reset();
@@ -465,9 +466,9 @@ class HttpSource final : public Source {
       net::prepare_request(h.get(), s_->target, s_->http, s_->retry, headers);
       Attempt a;
       Transfer t{s_.get(), &a, 0, 0};
-      curl_easy_setopt(h.get(), CURLOPT_NOBODY, 1L);
-      curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
-      curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+      net::libcurl().easy_setopt(h.get(), CURLOPT_NOBODY, 1L);
+      net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+      net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
       if (h.perform() != CURLE_OK || a.meta.status != 200 || !a.meta.content_length)
         return std::nullopt;
       s_->give(std::move(h));
@@ -609,13 +610,13 @@ class HttpSource final : public Source {
         }
         if (std::string v = validator(); !v.empty()) extra.push_back(std::move(v));
         net::prepare_request(h.get(), s_->target, s_->http, opt, headers, extra);
-        curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
-        curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
-        curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
-        curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
+        net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+        net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+        net::libcurl().easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+        net::libcurl().easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
+        net::libcurl().easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
         a.code = h.perform(&t.parked);
-        curl_easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
+        net::libcurl().easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
       }
 
       if (probe && a.meta.complete && handle_probe(a, slices[0].data, h.get())) {
@@ -738,11 +739,11 @@ class HttpSource final : public Source {
     }
     t.skip = at - p.position;  // at >= position: take_parked asks for a read that reaches it
     CURL* h = p.handle.get();
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, a.errbuf);
+    net::libcurl().easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    net::libcurl().easy_setopt(h, CURLOPT_WRITEDATA, &t);
+    net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, a.errbuf);
     const CURLcode code = p.handle.resume(&t.parked);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+    net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
     // Paused after the read's end, or ended with bytes after it: they are held for the next read.
     if (t.parked || (code == CURLE_OK && a.delivered == t.want && !t.spill->empty())) {
       p.hold(t.request_first + a.delivered, std::move(*t.spill));
@@ -805,7 +806,7 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (s_->probed) return true;
     curl_off_t waited_us = 0;
-    if (curl_easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &waited_us) == CURLE_OK)
+    if (net::libcurl().easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &waited_us) == CURLE_OK)
       s_->first_byte_s = static_cast<double>(waited_us) / 1e6;
     if (m.status == 206 && m.range_total) {
       s_->size = *m.range_total;

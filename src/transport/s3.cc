@@ -131,29 +131,30 @@ Response request(net::CurlEasy& easy, const net::HttpTarget& target, const HttpO
   net::prepare_request(h, t, http, retry, headers, extra);
   Response r;
   char errbuf[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, collect_header);
-  curl_easy_setopt(h, CURLOPT_HEADERDATA, &r.meta);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+  net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  net::libcurl().easy_setopt(h, CURLOPT_HEADERFUNCTION, collect_header);
+  net::libcurl().easy_setopt(h, CURLOPT_HEADERDATA, &r.meta);
+  net::libcurl().easy_setopt(h, CURLOPT_WRITEFUNCTION, collect_body);
+  net::libcurl().easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
   if (file_body) {
-    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(h, CURLOPT_READFUNCTION, read_body);
-    curl_easy_setopt(h, CURLOPT_READDATA, file_body);
-    curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_body);
-    curl_easy_setopt(h, CURLOPT_SEEKDATA, file_body);
-    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(file_body->size));
+    net::libcurl().easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    net::libcurl().easy_setopt(h, CURLOPT_READFUNCTION, read_body);
+    net::libcurl().easy_setopt(h, CURLOPT_READDATA, file_body);
+    net::libcurl().easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_body);
+    net::libcurl().easy_setopt(h, CURLOPT_SEEKDATA, file_body);
+    net::libcurl().easy_setopt(h, CURLOPT_INFILESIZE_LARGE,
+                               static_cast<curl_off_t>(file_body->size));
   } else if (std::strcmp(method, "POST") == 0) {
-    curl_easy_setopt(h, CURLOPT_POST, 1L);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, text_body ? text_body->data() : "");
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
-                     static_cast<curl_off_t>(text_body ? text_body->size() : 0));
+    net::libcurl().easy_setopt(h, CURLOPT_POST, 1L);
+    net::libcurl().easy_setopt(h, CURLOPT_POSTFIELDS, text_body ? text_body->data() : "");
+    net::libcurl().easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+                               static_cast<curl_off_t>(text_body ? text_body->size() : 0));
   }
   if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "POST") != 0 &&
       std::strcmp(method, "PUT") != 0)
-    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    net::libcurl().easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
   r.code = easy.perform();
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+  net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
   r.status = r.meta.status;
   if (r.code != CURLE_OK) r.curl_error = net::curl_error_text(r.code, errbuf);
   return r;

@@ -48,6 +48,10 @@ cli = os.path.join(os.path.dirname(sys.executable), "tensorizer")  # the venv's,
 assert os.access(cli, os.X_OK), f"{cli} is missing"
 wheel_libs = package.parent / "tensorizer.libs"
 check_libraries(_C.__file__, wheel_libs)
+# libcurl is not the extension's: it comes with the module the extension loads it through.
+needed = subprocess.run(["readelf", "-d", _C.__file__], capture_output=True, text=True, check=True).stdout
+assert "libcurl" not in needed, f"{_C.__file__} links libcurl"
+check_libraries(str(package / "libtensorizer_curl.so"), wheel_libs)
 check_libraries(str(package.parent / "tensorizer.scripts" / "tensorizer"), wheel_libs)
 
 version = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True).stdout.strip()

@@ -1,0 +1,44 @@
+// The libcurl entry points the HTTP(S) and S3 transports call, reached through one table.
+//
+// Why a table: libcurl brings ~30 libraries with it (TLS, Kerberos, LDAP, IDN, ...), and loading
+// them cost ~4 ms of every `import tensorizer`, a quarter of it, though most loads never leave
+// the local disk. So the Python extension does not link libcurl: on first use it loads a small
+// module next to itself (libtensorizer_curl.so, the only file that links libcurl there) and takes
+// the table from it (libcurl_loaded.cc). The C++ library and the CLI link libcurl and take the
+// same table directly (libcurl_linked.cc). libcurl_table.cc builds the table in both cases.
+#pragma once
+
+#include <curl/curl.h>
+
+namespace tensorizer::net {
+
+struct LibCurl {
+  CURLcode (*global_init)(long flags);
+  CURL* (*easy_init)();
+  void (*easy_cleanup)(CURL*);
+  void (*easy_reset)(CURL*);
+  CURLcode (*easy_setopt)(CURL*, CURLoption, ...);
+  CURLcode (*easy_getinfo)(CURL*, CURLINFO, ...);
+  CURLcode (*easy_pause)(CURL*, int bitmask);
+  const char* (*easy_strerror)(CURLcode);
+  curl_slist* (*slist_append)(curl_slist*, const char*);
+  void (*slist_free_all)(curl_slist*);
+  CURLM* (*multi_init)();
+  CURLMcode (*multi_cleanup)(CURLM*);
+  CURLMcode (*multi_add_handle)(CURLM*, CURL*);
+  CURLMcode (*multi_remove_handle)(CURLM*, CURL*);
+  CURLMcode (*multi_perform)(CURLM*, int* running);
+  CURLMsg* (*multi_info_read)(CURLM*, int* left);
+  CURLMcode (*multi_poll)(CURLM*, curl_waitfd extra[], unsigned extra_count, int timeout_ms,
+                          int* numfds);
+};
+
+// libcurl, globally initialised on first use (thread-safe). Throws tensorizer::Error (kIO)
+// naming the file and the loader's message when libcurl cannot be loaded.
+const LibCurl& libcurl();
+
+}  // namespace tensorizer::net
+
+// The table of the libcurl this binary or module links (libcurl_table.cc).
+extern "C" __attribute__((visibility("default"))) const tensorizer::net::LibCurl*
+tensorizer_libcurl_table();

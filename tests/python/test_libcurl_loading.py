@@ -1,0 +1,64 @@
+"""libcurl is loaded on first remote use, not by `import tensorizer` (src/transport/libcurl.h):
+a fresh process that imports tensorizer and loads a local file has no libcurl mapped; its first
+HTTP load maps it, through libtensorizer_curl.so next to the extension; without that module, a
+remote load raises an error naming it while local loads still work."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import tensorizer
+
+from conftest import FIXTURES_ROOT
+from test_remote import server_env
+
+FIXTURE = FIXTURES_ROOT / "tensorizer-2.11.1" / "dtypes.tensors"
+
+# Run in a fresh process: prints "import", "local" and "remote" with whether libcurl is mapped then.
+SCRIPT = """
+import sys
+import tensorizer
+from tensorizer import TensorDeserializer
+
+def libcurl_mapped():
+    with open("/proc/self/maps") as maps:
+        return any(line.split()[-1].rsplit("/", 1)[-1].startswith("libcurl") for line in maps)
+
+print("import", libcurl_mapped())
+with TensorDeserializer(sys.argv[1], device="cpu") as d:
+    print("local", len(d), libcurl_mapped())
+try:
+    with TensorDeserializer(sys.argv[2], device="cpu") as d:
+        print("remote", len(d), libcurl_mapped())
+except Exception as e:
+    print("remote error", type(e).__name__, e)
+"""
+
+
+def run(url, env=None):
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(FIXTURE), url], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_libcurl_is_mapped_only_once_a_load_goes_over_http():
+    (url,) = server_env("TZ_TEST_HTTP_URL")
+    lines = run(f"{url}/fixtures/dtypes.tensors")
+    n = len(tensorizer.TensorDeserializer(FIXTURE, device="cpu"))
+    assert lines == ["import False", f"local {n} False", f"remote {n} True"]
+
+
+def test_a_missing_libcurl_module_fails_remote_loads_by_name_and_leaves_local_loads(tmp_path):
+    package = os.path.dirname(tensorizer.__file__)
+    copy = tmp_path / "tensorizer"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("libtensorizer_curl.so", "__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    # Nothing listens on port 9: the error must come from loading libcurl, before any connection.
+    lines = run("http://127.0.0.1:9/model.tensors", env)
+    n = len(tensorizer.TensorDeserializer(FIXTURE, device="cpu"))
+    assert lines[:2] == ["import False", f"local {n} False"], lines
+    assert lines[2].startswith("remote error OSError"), lines
+    assert f"{copy}/libtensorizer_curl.so" in lines[2] and "reinstall tensorizer" in lines[2], lines
