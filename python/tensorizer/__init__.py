@@ -4,14 +4,30 @@ A drop-in for CoreWeave tensorizer's Python API (TensorSerializer, TensorDeseria
 the bytes are read, written, hashed and (de)crypted by the engine in ``tensorizer._C``.
 """
 
-from . import safetensors, serialization, stream_io, torch_compat, utils
+from . import serialization, stream_io, utils
 from ._version import __version__  # noqa: F401
 from .serialization import *  # noqa: F401,F403
 
 __all__ = [
     *serialization.__all__,
-    "safetensors",
+    "safetensors",  # noqa: F405 (imported on first use, below)
     "stream_io",
-    "torch_compat",
+    "torch_compat",  # noqa: F405
     "utils",
 ]
+
+# Submodules imported on first use, as attributes (`tensorizer.torch_compat`) or by name: a load
+# needs neither, and importing them would cost every `import tensorizer` about 2 ms.
+_ON_FIRST_USE = ("safetensors", "torch_compat")
+
+
+def __getattr__(name):
+    if name in _ON_FIRST_USE:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_ON_FIRST_USE})
