@@ -252,12 +252,16 @@ def versions(task):
     out = {"python": sys.version.split()[0], "torch": torch.__version__, "executable": sys.executable}
     # The modules each timed load imports, imported here before the clock starts, so no row's load
     # includes an import (safetensors' load_file lives in safetensors.torch, ~0.6 ms to import).
+    # How long that took (after torch, which every row imports first) is reported as import_s.
+    t0 = time.perf_counter()
     for used in {"safetensors": ["safetensors.torch"], "tensorizer_safetensors": ["tensorizer.safetensors"]}.get(
         task, []
     ):
         importlib.import_module(used)
     if mod:
         m = __import__(mod)
+    out["import_s"] = time.perf_counter() - t0
+    if mod:
         out["module_file"] = m.__file__
         try:
             import importlib.metadata as md

@@ -8,7 +8,8 @@ benchmark file is synced and dropped from the page cache (fsync + posix_fadvise(
 unprivileged); then the row waits SETTLE_S seconds, so that the memory earlier rows freed has gone
 back to the host as before a real cold start. Rounds alternate the row order; the table gives the
 median and min-max of the rounds, the memory the first load held (private RSS + page cache the file
-still occupies) and its peak.
+still occupies) and its peak, and the median time each row's process took to import the loader's
+package after torch (outside the clock; a real start pays it too).
 
 Run by bench.py (make bench), or alone over the files of an earlier `make bench`:
   .venv-bench/bin/python bench/coldstart.py --ref-python .venv-ref/bin/python [--rounds 3]
@@ -105,6 +106,7 @@ def run(paths, python_for, run_child, expected=None, rounds=3, wanted=(), settle
                     out["errors"].append(f"wrong data: checksum {res.get('checksums')}")
                     continue
                 out["times"].append(res["load"][0] + res["touch"][0])
+                out.setdefault("imports", []).append(res.get("import_s", 0.0))
                 out["bytes"] = res["bytes"]
                 out["file_bytes"] = os.path.getsize(path)
                 if rnd == 0:
@@ -133,11 +135,12 @@ def table(results):
     lines = [
         "| fresh process, one load + first touch | warm cache GB/s (min–max) | s | ours ÷ row | "
         "dropped cache GB/s (min–max) | s | ours ÷ row | memory held GB, warm: private + page cache | "
-        "cold: private + page cache | peak RSS GB (cold) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "cold: private + page cache | peak RSS GB (cold) | import ms, not in the clock |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label in labels:
         cells = [label]
+        imports = [t for s in STATES for t in (by.get((label, s)) or {}).get("imports", [])]
         for s in STATES:
             r = rate(by.get((label, s)))
             if r is None:
@@ -150,6 +153,7 @@ def table(results):
             m = by.get((label, s)) or {}
             cells.append(f"{_gb(m.get('anon_held'))} + {_gb(m.get('cached_after'))}")
         cells.append(_gb((by.get((label, "cold")) or {}).get("load_peak")))
+        cells.append(f"{statistics.median(imports) * 1e3:.1f}" if imports else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
