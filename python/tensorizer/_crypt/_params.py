@@ -5,7 +5,7 @@ libsodium). A passphrase key remembers its (opslimit, memlimit, salt) so the wri
 them in each tensor's header, which lets a reader derive the key again from the passphrase.
 """
 
-import secrets
+import os
 from enum import IntEnum
 from typing import Any, Optional, Tuple, Union
 
@@ -137,7 +137,7 @@ class EncryptionParams:
         if not _MEMLIMIT_MIN <= memlimit <= _MEMLIMIT_MAX:
             raise ValueError(f"Invalid memlimit, must be in the range [{_MEMLIMIT_MIN}, {_MEMLIMIT_MAX}]")
         if salt is None:
-            salt = secrets.token_bytes(_SALT_BYTES)
+            salt = os.urandom(_SALT_BYTES)  # what secrets.token_bytes returns
         elif not isinstance(salt, _Bytes):
             raise TypeError(
                 f"Invalid type for salt, expected bytes, bytearray, or memoryview; got {type(salt).__name__}"
