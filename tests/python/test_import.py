@@ -1,7 +1,10 @@
-"""libcurl is loaded on first remote use, not by `import tensorizer` (src/transport/libcurl.h):
-a fresh process that imports tensorizer and loads a local file has no libcurl mapped; its first
-HTTP load maps it, through libtensorizer_curl.so next to the extension; without that module, a
-remote load raises an error naming it while local loads still work."""
+"""What `import tensorizer` loads, and what it leaves for first use.
+
+libcurl is loaded on first remote use (src/transport/libcurl.h): a fresh process that imports
+tensorizer and loads a local file has no libcurl mapped; its first HTTP load maps it, through
+libtensorizer_curl.so next to the extension; without that module, a remote load raises an error
+naming it while local loads still work. `tensorizer.torch_compat` and `tensorizer.safetensors` are
+imported on first use, and reachable as the reference's attributes and names."""
 
 import os
 import shutil
@@ -62,3 +65,33 @@ def test_a_missing_libcurl_module_fails_remote_loads_by_name_and_leaves_local_lo
     assert lines[:2] == ["import False", f"local {n} False"], lines
     assert lines[2].startswith("remote error OSError"), lines
     assert f"{copy}/libtensorizer_curl.so" in lines[2] and "reinstall tensorizer" in lines[2], lines
+
+
+def test_torch_compat_and_safetensors_are_imported_on_first_use():
+    script = """
+import sys
+import tensorizer
+lazy = ("tensorizer.torch_compat", "tensorizer.safetensors")
+print([m in sys.modules for m in lazy])
+print({"torch_compat", "safetensors"} <= set(dir(tensorizer)))
+print(callable(tensorizer.torch_compat.tensorizer_saving), [m in sys.modules for m in lazy])
+from tensorizer import safetensors
+print(safetensors is tensorizer.safetensors is sys.modules["tensorizer.safetensors"])
+ns = {}
+exec("from tensorizer import *", ns)
+print(ns["torch_compat"] is tensorizer.torch_compat, ns["TensorDeserializer"] is tensorizer.TensorDeserializer)
+try:
+    tensorizer.no_such_name
+except AttributeError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "[False, False]",
+        "True",
+        "True [True, False]",
+        "True",
+        "True True",
+        "module 'tensorizer' has no attribute 'no_such_name'",
+    ]
