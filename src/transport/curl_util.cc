@@ -142,39 +142,38 @@ void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
                      const RetryOptions& retry, CurlHeaders& headers,
                      const std::vector<std::string>& extra) {
   libcurl().easy_reset(h);  // keeps live connections and caches, drops per-request options
-  libcurl().easy_setopt(h, CURLOPT_URL, target.url.c_str());
-  libcurl().easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  libcurl().easy_setopt(h, CURLOPT_USERAGENT, "tensorizer-cpp/0.1 (libcurl)");
-  libcurl().easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-  libcurl().easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
+  setopt(h, CURLOPT_URL, target.url.c_str());
+  setopt(h, CURLOPT_NOSIGNAL, 1L);
+  setopt(h, CURLOPT_USERAGENT, "tensorizer-cpp/0.1 (libcurl)");
+  setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
   const long connect_ms = std::max(1L, static_cast<long>(retry.connect_timeout_s * 1000));
-  libcurl().easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+  setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
   if (retry.stall_timeout_s > 0) {
     // Slower than the floor rate for stall_timeout_s = a stalled transfer.
-    libcurl().easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, kStallFloorBytesPerSecond);
-    libcurl().easy_setopt(h, CURLOPT_LOW_SPEED_TIME,
-                          std::max(1L, std::lround(retry.stall_timeout_s)));
+    setopt(h, CURLOPT_LOW_SPEED_LIMIT, kStallFloorBytesPerSecond);
+    setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, std::lround(retry.stall_timeout_s)));
   }
   const std::string ca_file = http.ca_file.empty() ? default_ca_file() : http.ca_file;
-  if (!ca_file.empty()) libcurl().easy_setopt(h, CURLOPT_CAINFO, ca_file.c_str());
-  if (!http.ca_path.empty()) libcurl().easy_setopt(h, CURLOPT_CAPATH, http.ca_path.c_str());
+  if (!ca_file.empty()) setopt(h, CURLOPT_CAINFO, ca_file.c_str());
+  if (!http.ca_path.empty()) setopt(h, CURLOPT_CAPATH, http.ca_path.c_str());
   if (http.allow_untrusted) {
-    libcurl().easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
-    libcurl().easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
+    setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
+    setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
   }
   headers.add("Accept-Encoding: identity");
   for (const auto& line : http.headers) headers.add(line);
   for (const auto& line : target.headers) headers.add(line);
   for (const auto& line : extra) headers.add(line);
   if (!target.sigv4.empty()) {
-    libcurl().easy_setopt(h, CURLOPT_AWS_SIGV4, target.sigv4.c_str());
-    libcurl().easy_setopt(h, CURLOPT_USERNAME, target.access_key.c_str());
-    libcurl().easy_setopt(h, CURLOPT_PASSWORD, target.secret_key.c_str());
+    setopt(h, CURLOPT_AWS_SIGV4, target.sigv4.c_str());
+    setopt(h, CURLOPT_USERNAME, target.access_key.c_str());
+    setopt(h, CURLOPT_PASSWORD, target.secret_key.c_str());
     // S3 wants the payload hash header; bodies are not hashed (TLS or the part ETag covers them).
     headers.add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
     if (!target.session_token.empty()) headers.add("x-amz-security-token: " + target.session_token);
   }
-  libcurl().easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+  setopt(h, CURLOPT_HTTPHEADER, headers.get());
 }
 
 void ResponseMeta::feed(const char* data, size_t size) {

@@ -330,11 +330,11 @@ class StreamCursor {
     easy_ = net::make_easy();
     headers_ = std::make_unique<net::CurlHeaders>();
     net::prepare_request(easy_.get(), s_.target, s_.http, s_.retry, *headers_);
-    net::libcurl().easy_setopt(easy_.get(), CURLOPT_HEADERFUNCTION, on_header);
-    net::libcurl().easy_setopt(easy_.get(), CURLOPT_HEADERDATA, this);
-    net::libcurl().easy_setopt(easy_.get(), CURLOPT_WRITEFUNCTION, on_data);
-    net::libcurl().easy_setopt(easy_.get(), CURLOPT_WRITEDATA, this);
-    net::libcurl().easy_setopt(easy_.get(), CURLOPT_ERRORBUFFER, errbuf_);
+    net::setopt(easy_.get(), CURLOPT_HEADERFUNCTION, on_header);
+    net::setopt(easy_.get(), CURLOPT_HEADERDATA, this);
+    net::setopt(easy_.get(), CURLOPT_WRITEFUNCTION, on_data);
+    net::setopt(easy_.get(), CURLOPT_WRITEDATA, this);
+    net::setopt(easy_.get(), CURLOPT_ERRORBUFFER, errbuf_);
     net::libcurl().multi_add_handle(multi_, easy_.get());
   }
 
@@ -466,9 +466,9 @@ class HttpSource final : public Source {
       net::prepare_request(h.get(), s_->target, s_->http, s_->retry, headers);
       Attempt a;
       Transfer t{s_.get(), &a, 0, 0};
-      net::libcurl().easy_setopt(h.get(), CURLOPT_NOBODY, 1L);
-      net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
-      net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+      net::setopt(h.get(), CURLOPT_NOBODY, 1L);
+      net::setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+      net::setopt(h.get(), CURLOPT_HEADERDATA, &t);
       if (h.perform() != CURLE_OK || a.meta.status != 200 || !a.meta.content_length)
         return std::nullopt;
       s_->give(std::move(h));
@@ -610,13 +610,13 @@ class HttpSource final : public Source {
         }
         if (std::string v = validator(); !v.empty()) extra.push_back(std::move(v));
         net::prepare_request(h.get(), s_->target, s_->http, opt, headers, extra);
-        net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
-        net::libcurl().easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
-        net::libcurl().easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
-        net::libcurl().easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
-        net::libcurl().easy_setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
+        net::setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+        net::setopt(h.get(), CURLOPT_HEADERDATA, &t);
+        net::setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+        net::setopt(h.get(), CURLOPT_WRITEDATA, &t);
+        net::setopt(h.get(), CURLOPT_ERRORBUFFER, a.errbuf);
         a.code = h.perform(&t.parked);
-        net::libcurl().easy_setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
+        net::setopt(h.get(), CURLOPT_ERRORBUFFER, nullptr);
       }
 
       if (probe && a.meta.complete && handle_probe(a, slices[0].data, h.get())) {
@@ -739,11 +739,11 @@ class HttpSource final : public Source {
     }
     t.skip = at - p.position;  // at >= position: take_parked asks for a read that reaches it
     CURL* h = p.handle.get();
-    net::libcurl().easy_setopt(h, CURLOPT_HEADERDATA, &t);
-    net::libcurl().easy_setopt(h, CURLOPT_WRITEDATA, &t);
-    net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, a.errbuf);
+    net::setopt(h, CURLOPT_HEADERDATA, &t);
+    net::setopt(h, CURLOPT_WRITEDATA, &t);
+    net::setopt(h, CURLOPT_ERRORBUFFER, a.errbuf);
     const CURLcode code = p.handle.resume(&t.parked);
-    net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+    net::setopt(h, CURLOPT_ERRORBUFFER, nullptr);
     // Paused after the read's end, or ended with bytes after it: they are held for the next read.
     if (t.parked || (code == CURLE_OK && a.delivered == t.want && !t.spill->empty())) {
       p.hold(t.request_first + a.delivered, std::move(*t.spill));
@@ -806,7 +806,7 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (s_->probed) return true;
     curl_off_t waited_us = 0;
-    if (net::libcurl().easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &waited_us) == CURLE_OK)
+    if (net::getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &waited_us) == CURLE_OK)
       s_->first_byte_s = static_cast<double>(waited_us) / 1e6;
     if (m.status == 206 && m.range_total) {
       s_->size = *m.range_total;

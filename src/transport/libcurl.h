@@ -10,6 +10,8 @@
 
 #include <curl/curl.h>
 
+#include <type_traits>
+
 namespace tensorizer::net {
 
 struct LibCurl {
@@ -36,6 +38,23 @@ struct LibCurl {
 // libcurl, globally initialised on first use (thread-safe). Throws tensorizer::Error (kIO)
 // naming the file and the loader's message when libcurl cannot be loaded.
 const LibCurl& libcurl();
+
+// curl_easy_setopt through the table, keeping the core of the type check curl's own macros make
+// under GCC: a variadic option takes a long (curl_off_t is one on LP64), a data pointer or a
+// function pointer, never an int, bool or size_t passed by mistake.
+template <typename T>
+CURLcode setopt(CURL* h, CURLoption option, T value) {
+  static_assert(std::is_same_v<T, long> || std::is_same_v<T, curl_off_t> || std::is_pointer_v<T> ||
+                    std::is_null_pointer_v<T>,
+                "libcurl options take a long, a curl_off_t or a pointer");
+  return libcurl().easy_setopt(h, option, value);
+}
+
+// curl_easy_getinfo through the table: every CURLINFO is read through a pointer.
+template <typename T>
+CURLcode getinfo(CURL* h, CURLINFO info, T* out) {
+  return libcurl().easy_getinfo(h, info, out);
+}
 
 }  // namespace tensorizer::net
 

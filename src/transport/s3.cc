@@ -131,30 +131,29 @@ Response request(net::CurlEasy& easy, const net::HttpTarget& target, const HttpO
   net::prepare_request(h, t, http, retry, headers, extra);
   Response r;
   char errbuf[CURL_ERROR_SIZE] = {0};
-  net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-  net::libcurl().easy_setopt(h, CURLOPT_HEADERFUNCTION, collect_header);
-  net::libcurl().easy_setopt(h, CURLOPT_HEADERDATA, &r.meta);
-  net::libcurl().easy_setopt(h, CURLOPT_WRITEFUNCTION, collect_body);
-  net::libcurl().easy_setopt(h, CURLOPT_WRITEDATA, &r.body);
+  net::setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  net::setopt(h, CURLOPT_HEADERFUNCTION, collect_header);
+  net::setopt(h, CURLOPT_HEADERDATA, &r.meta);
+  net::setopt(h, CURLOPT_WRITEFUNCTION, collect_body);
+  net::setopt(h, CURLOPT_WRITEDATA, &r.body);
   if (file_body) {
-    net::libcurl().easy_setopt(h, CURLOPT_UPLOAD, 1L);
-    net::libcurl().easy_setopt(h, CURLOPT_READFUNCTION, read_body);
-    net::libcurl().easy_setopt(h, CURLOPT_READDATA, file_body);
-    net::libcurl().easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_body);
-    net::libcurl().easy_setopt(h, CURLOPT_SEEKDATA, file_body);
-    net::libcurl().easy_setopt(h, CURLOPT_INFILESIZE_LARGE,
-                               static_cast<curl_off_t>(file_body->size));
+    net::setopt(h, CURLOPT_UPLOAD, 1L);
+    net::setopt(h, CURLOPT_READFUNCTION, read_body);
+    net::setopt(h, CURLOPT_READDATA, file_body);
+    net::setopt(h, CURLOPT_SEEKFUNCTION, seek_body);
+    net::setopt(h, CURLOPT_SEEKDATA, file_body);
+    net::setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(file_body->size));
   } else if (std::strcmp(method, "POST") == 0) {
-    net::libcurl().easy_setopt(h, CURLOPT_POST, 1L);
-    net::libcurl().easy_setopt(h, CURLOPT_POSTFIELDS, text_body ? text_body->data() : "");
-    net::libcurl().easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
-                               static_cast<curl_off_t>(text_body ? text_body->size() : 0));
+    net::setopt(h, CURLOPT_POST, 1L);
+    net::setopt(h, CURLOPT_POSTFIELDS, text_body ? text_body->data() : "");
+    net::setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+                static_cast<curl_off_t>(text_body ? text_body->size() : 0));
   }
   if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "POST") != 0 &&
       std::strcmp(method, "PUT") != 0)
-    net::libcurl().easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    net::setopt(h, CURLOPT_CUSTOMREQUEST, method);
   r.code = easy.perform();
-  net::libcurl().easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+  net::setopt(h, CURLOPT_ERRORBUFFER, nullptr);
   r.status = r.meta.status;
   if (r.code != CURLE_OK) r.curl_error = net::curl_error_text(r.code, errbuf);
   return r;
