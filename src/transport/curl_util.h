@@ -1,6 +1,6 @@
 // libcurl helpers shared by the HTTP(S) and S3 transports (internal header).
 //
-// One place for: global initialisation, owned easy handles, the options every request gets (TLS
+// One place for: owned easy handles, the options every request gets (TLS
 // trust, timeouts, stall detection, user agent, identity encoding), request signing (AWS SigV4 via
 // libcurl), response-header parsing, error classification and retry backoff. Never logs or
 // formats credentials.
@@ -87,7 +87,7 @@ class CurlHeaders {
   curl_slist* list_ = nullptr;
 };
 
-// A new easy handle (initialises libcurl once per process).
+// A new easy handle (libcurl is initialised by libcurl(), libcurl.h).
 CurlEasy make_easy();
 
 // The CA bundle when the caller gave none: $CURL_CA_BUNDLE, else $SSL_CERT_FILE (as the curl

@@ -15,7 +15,6 @@
 namespace tensorizer::net {
 
 struct LibCurl {
-  CURLcode (*global_init)(long flags);
   CURL* (*easy_init)();
   void (*easy_cleanup)(CURL*);
   void (*easy_reset)(CURL*);
@@ -58,6 +57,6 @@ CURLcode getinfo(CURL* h, CURLINFO info, T* out) {
 
 }  // namespace tensorizer::net
 
-// The table of the libcurl this binary or module links (libcurl_table.cc).
+// The table of the libcurl this binary or module links, initialised (libcurl_table.cc).
 extern "C" __attribute__((visibility("default"))) const tensorizer::net::LibCurl*
 tensorizer_libcurl_table();

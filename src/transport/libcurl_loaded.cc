@@ -35,9 +35,7 @@ const LibCurl* load() {
   auto table_fn = reinterpret_cast<TableFn>(dlsym(handle, "tensorizer_libcurl_table"));
   if (!table_fn)
     fail(ErrorCode::kIO, path + " has no tensorizer_libcurl_table (reinstall tensorizer)");
-  const LibCurl* t = table_fn();
-  t->global_init(CURL_GLOBAL_DEFAULT);
-  return t;  // the module stays loaded for the life of the process
+  return table_fn();  // the module stays loaded for the life of the process
 }
 
 }  // namespace
