@@ -4,7 +4,7 @@ A drop-in for CoreWeave tensorizer's Python API (TensorSerializer, TensorDeseria
 the bytes are read, written, hashed and (de)crypted by the engine in ``tensorizer._C``.
 """
 
-from . import serialization, stream_io, utils
+from . import serialization, stream_io
 from ._version import __version__  # noqa: F401
 from .serialization import *  # noqa: F401,F403
 
@@ -13,12 +13,12 @@ __all__ = [
     "safetensors",  # noqa: F405 (imported on first use, below)
     "stream_io",
     "torch_compat",  # noqa: F405
-    "utils",
+    "utils",  # noqa: F405
 ]
 
 # Submodules imported on first use, as attributes (`tensorizer.torch_compat`) or by name: a load
-# needs neither, and importing them would cost every `import tensorizer` about 2 ms.
-_ON_FIRST_USE = ("safetensors", "torch_compat")
+# needs none of them, and importing them would cost every `import tensorizer` about 3 ms.
+_ON_FIRST_USE = ("safetensors", "torch_compat", "utils")
 
 
 def __getattr__(name):

@@ -4,6 +4,8 @@ verifies with the GIL released, and presents the result as the reference's Mappi
 views. It never touches tensor bytes itself, and opens no source: the engine takes whatever the
 caller passed (python/src/python_io.cc)."""
 
+from __future__ import annotations
+
 import collections.abc
 import contextlib
 import functools
@@ -33,7 +35,6 @@ from . import _dtypes
 from . import _slices
 from . import _tensor_path
 from . import stream_io
-from . import utils
 from ._crypt import DecryptionParams
 from ._tensor_path import TensorPath
 from ._entries import (
@@ -201,7 +202,9 @@ class TensorDeserializer(collections.abc.Mapping, contextlib.AbstractContextMana
         self._read_cursor = -1  # position of the last tensor yielded by read_tensors()
         self._unhashed: List[_Record] = []  # loaded records whose entry.hashes are not filled in yet
 
-        device = utils.get_device() if device is None else torch.device(device)
+        if device is None:  # utils.get_device(), whose module a load does not import
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("Cannot deserialize to CUDA device because CUDA is not available")
         self._device_is_dynamic = device.type == "cuda" and device.index is None and lazy_load

@@ -4,6 +4,8 @@ The table itself lives in the C++ engine (tensorizer/dtype.h); this module cache
 maps names to ``torch.dtype`` objects. No I/O here.
 """
 
+from __future__ import annotations
+
 import functools
 import warnings
 from typing import NamedTuple, Optional, Union

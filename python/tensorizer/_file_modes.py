@@ -1,5 +1,7 @@
 """The reference's checks of a file object passed to TensorSerializer or TensorDeserializer."""
 
+from __future__ import annotations
+
 import io
 from typing import Any
 

@@ -4,6 +4,8 @@ value at a time in bounded pieces. The engine's own Redis sink (TensorSerializer
 writes the same keys; this path exists because to_redis takes a client, whose connection settings
 (auth, database, TLS, sockets) only redis-py knows."""
 
+from __future__ import annotations
+
 import contextlib
 import uuid
 

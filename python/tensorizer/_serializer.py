@@ -2,6 +2,8 @@
 arrays to engine write requests (address, dtype, shape); the engine hashes, encrypts and writes
 them to whatever the caller passed (python/src/python_io.cc)."""
 
+from __future__ import annotations
+
 import concurrent.futures
 import contextlib
 import io

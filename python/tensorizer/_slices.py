@@ -4,6 +4,8 @@ row-major order, runs of equal length at equal distances (a block of rows: one r
 columns: one run per row), which ``Reader.read_strided`` reads packed, and nothing else. Steps
 are taken from the bounding block afterwards."""
 
+from __future__ import annotations
+
 import itertools
 import math
 import operator

@@ -5,6 +5,8 @@ index). Encoding to and from bytes is done by the C++ engine; this module only h
 Python-side structure. No I/O here.
 """
 
+from __future__ import annotations
+
 import collections.abc
 import json
 import types

@@ -8,6 +8,8 @@ engine directly (parallel ranges, no Python buffering). S3 writes go to a tempor
 uploaded by the engine when closed.
 """
 
+from __future__ import annotations
+
 import io
 import os
 import time

@@ -1,6 +1,8 @@
 """Helpers of the reference API (docs/reference-api.md §6.6): byte formatting, devices, memory usage, and
 ``no_init_or_tensor`` for building models without allocating or initialising their weights."""
 
+from __future__ import annotations
+
 import contextlib
 import contextvars
 import threading

@@ -3,8 +3,9 @@
 libcurl is loaded on first remote use (src/transport/libcurl.h): a fresh process that imports
 tensorizer and loads a local file has no libcurl mapped; its first HTTP load maps it, through
 libtensorizer_curl.so next to the extension; without that module, a remote load raises an error
-naming it while local loads still work. `tensorizer.torch_compat` and `tensorizer.safetensors` are
-imported on first use, and reachable as the reference's attributes and names."""
+naming it while local loads still work. `tensorizer.torch_compat`, `tensorizer.safetensors` and
+`tensorizer.utils` are imported on first use (a local load needs none of them), and reachable as
+the reference's attributes and names."""
 
 import os
 import shutil
@@ -67,31 +68,36 @@ def test_a_missing_libcurl_module_fails_remote_loads_by_name_and_leaves_local_lo
     assert f"{copy}/libtensorizer_curl.so" in lines[2] and "reinstall tensorizer" in lines[2], lines
 
 
-def test_torch_compat_and_safetensors_are_imported_on_first_use():
+def test_submodules_are_imported_on_first_use():
     script = """
 import sys
 import tensorizer
-lazy = ("tensorizer.torch_compat", "tensorizer.safetensors")
-print([m in sys.modules for m in lazy])
-print({"torch_compat", "safetensors"} <= set(dir(tensorizer)))
+lazy = ("tensorizer.torch_compat", "tensorizer.safetensors", "tensorizer.utils")
+n = len(tensorizer.TensorDeserializer(sys.argv[1]))
+print(n > 0, [m in sys.modules for m in lazy])
+print({"torch_compat", "safetensors", "utils"} <= set(dir(tensorizer)))
 print(callable(tensorizer.torch_compat.tensorizer_saving), [m in sys.modules for m in lazy])
+from tensorizer.utils import convert_bytes, get_mem_usage, no_init_or_tensor
+print(convert_bytes(1500), tensorizer.utils is sys.modules["tensorizer.utils"])
 from tensorizer import safetensors
 print(safetensors is tensorizer.safetensors is sys.modules["tensorizer.safetensors"])
 ns = {}
 exec("from tensorizer import *", ns)
-print(ns["torch_compat"] is tensorizer.torch_compat, ns["TensorDeserializer"] is tensorizer.TensorDeserializer)
+print(ns["torch_compat"] is tensorizer.torch_compat, ns["utils"] is tensorizer.utils,
+      ns["TensorDeserializer"] is tensorizer.TensorDeserializer)
 try:
     tensorizer.no_such_name
 except AttributeError as e:
     print(e)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script, FIXTURE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "[False, False]",
+        "True [False, False, False]",
         "True",
-        "True [True, False]",
+        "True [True, False, False]",
+        "1.5 KB True",
         "True",
-        "True True",
+        "True True True",
         "module 'tensorizer' has no attribute 'no_such_name'",
     ]

@@ -39,6 +39,55 @@ def test_public_names():
     assert tensorizer.TensorType.STATE_DICT == 2
 
 
+def _as_generated(cls):
+    """The same fields under ``dataclasses.dataclass(order=True)``: the reference's definition."""
+    import dataclasses
+
+    return dataclasses.make_dataclass(cls.__name__, [f.name for f in dataclasses.fields(cls)], order=True)
+
+
+def test_index_records_behave_as_the_references_dataclasses():
+    import dataclasses
+
+    from tensorizer.serialization import HashType, TensorEntry, TensorHash, TensorType
+
+    crc, sha = TensorHash(HashType.CRC32, b"\x01\x02"), TensorHash(HashType.SHA256, b"\x00")
+    args = (3, "a.weight", TensorType.PARAM, "<f2", (2, 3), 100, 4096, 12, [crc], {HashType.CRC32: 7})
+    entry = TensorEntry(*args)
+    other = TensorEntry(*args[:5], 101, *args[6:])
+    Hash, Entry = _as_generated(TensorHash), _as_generated(TensorEntry)
+    oracle = {id(crc): Hash(*dataclasses.astuple(crc)), id(sha): Hash(*dataclasses.astuple(sha))}
+    oracle[id(entry)], oracle[id(other)] = Entry(*args), Entry(*args[:5], 101, *args[6:])
+
+    assert dataclasses.is_dataclass(entry) and dataclasses.is_dataclass(crc)
+    assert [f.name for f in dataclasses.fields(TensorEntry)] == list(TensorEntry.__match_args__)
+    assert TensorEntry.__match_args__ == (
+        "metadata_version", "name", "type", "dtype", "shape", "offset", "data_offset", "data_length", "hashes",
+        "header_hashes",
+    )  # fmt: skip
+    assert TensorHash.__match_args__ == ("type", "hash")
+    assert repr(crc) == "TensorHash(type=<HashType.CRC32: 0>, hash=b'\\x01\\x02')"
+    assert repr(entry) == repr(oracle[id(entry)])
+    assert dataclasses.asdict(entry)["hashes"] == [{"type": HashType.CRC32, "hash": b"\x01\x02"}]
+    assert dataclasses.replace(entry, offset=101) == other
+    for a in (crc, sha):
+        for b in (crc, sha):
+            for op in ("__eq__", "__lt__", "__le__", "__gt__", "__ge__"):
+                assert getattr(a, op)(b) == getattr(oracle[id(a)], op)(oracle[id(b)]), (a, op, b)
+    for a, b in ((entry, other), (other, entry), (entry, entry)):
+        for op in ("__eq__", "__lt__", "__le__", "__gt__", "__ge__"):
+            assert getattr(a, op)(b) == getattr(oracle[id(a)], op)(oracle[id(b)]), (a, op, b)
+    assert entry.__eq__(oracle[id(entry)]) is NotImplemented and entry != args
+    with pytest.raises(TypeError):
+        hash(entry)
+    with pytest.raises(TypeError):
+        sorted([crc, 1])
+    with pytest.raises(AttributeError):
+        entry.extra = 1  # slotted, as the reference's
+    entry.hashes = None  # fields stay writable
+    assert entry.hashes is None
+
+
 def test_convert_bytes():
     assert utils.convert_bytes(123_400_000) == "123.4 MB"
     assert utils.convert_bytes(512) == "512.0 bytes"

@@ -5,6 +5,8 @@ libsodium). A passphrase key remembers its (opslimit, memlimit, salt) so the wri
 them in each tensor's header, which lets a reader derive the key again from the passphrase.
 """
 
+from __future__ import annotations
+
 import os
 from enum import IntEnum
 from typing import Any, Optional, Tuple, Union
