@@ -103,6 +103,19 @@ std::string config_section(const std::string& profile) {
   return profile == "default" ? std::string("default.") : "profile " + profile + ".";
 }
 
+// Keys of the ini section that starts with `prefix`, if both are there (and its session token).
+bool keys_from(const Ini& ini, const std::string& prefix, const std::string& source, Found& f) {
+  auto a = lookup(ini, prefix + "aws_access_key_id"),
+       s = lookup(ini, prefix + "aws_secret_access_key");
+  if (!a || !s) return false;
+  f.access_key = *a;
+  f.secret_key = *s;
+  if (auto t = lookup(ini, prefix + "aws_session_token")) f.session_token = *t;
+  f.source = source;
+  f.ok = true;
+  return true;
+}
+
 Found aws_chain(const S3Options& o) {
   Found f;
   auto ak = env("AWS_ACCESS_KEY_ID"), sk = env("AWS_SECRET_ACCESS_KEY");
@@ -117,31 +130,13 @@ Found aws_chain(const S3Options& o) {
   const std::string profile = profile_name(o);
   Ini ini;
   const std::string cred_path = credentials_file();
-  if (parse_ini(expand(cred_path), ini)) {
-    auto a = lookup(ini, profile + ".aws_access_key_id"),
-         s = lookup(ini, profile + ".aws_secret_access_key");
-    if (a && s) {
-      f.access_key = *a;
-      f.secret_key = *s;
-      if (auto t = lookup(ini, profile + ".aws_session_token")) f.session_token = *t;
-      f.source = cred_path + " (profile " + profile + ")";
-      f.ok = true;
-      return f;
-    }
-  }
+  if (parse_ini(expand(cred_path), ini) &&
+      keys_from(ini, profile + ".", cred_path + " (profile " + profile + ")", f))
+    return f;
   ini.clear();
   const std::string conf_path = config_file();
-  if (parse_ini(expand(conf_path), ini)) {
-    const std::string sec = config_section(profile);
-    auto a = lookup(ini, sec + "aws_access_key_id"), s = lookup(ini, sec + "aws_secret_access_key");
-    if (a && s) {
-      f.access_key = *a;
-      f.secret_key = *s;
-      if (auto t = lookup(ini, sec + "aws_session_token")) f.session_token = *t;
-      f.source = conf_path + " (profile " + profile + ")";
-      f.ok = true;
-    }
-  }
+  if (parse_ini(expand(conf_path), ini))
+    keys_from(ini, config_section(profile), conf_path + " (profile " + profile + ")", f);
   return f;
 }
 
