@@ -14,9 +14,11 @@ also runs through the local cache (TENSORIZER_CACHE_DIR): a miss (an empty cache
 (a cache filled before the rounds), next to ours loading the same file from local disk. The hit and
 the local file are compared with their page cache in the same state: each is read through, untimed,
 before its load (as the download that filled the cache leaves it), and the share of its bytes then
-resident is kept with the row (page_cache_before; fincore). The headline
-is a fresh process per load (--rounds, alternating the row order); repeats inside one process follow
-as a second table.
+resident is kept with the row (page_cache_before; fincore). The file nginx serves is read through
+the same way before each HTTP and S3-on-nginx row, so no row pays for reading it from disk, and
+each fresh row starts --settle seconds (3) after the previous one, as the cold-start rows do
+(bench/coldstart.py, SETTLE_S). The headline is a fresh process per load (--rounds, alternating
+the row order); repeats inside one process follow as a second table.
 """
 
 import argparse
@@ -26,8 +28,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from coldstart import SETTLE_S  # noqa: E402 (each fresh row waits as the cold-start rows do)
 
 
 def run(script, paths, args, python_for, expected):
@@ -191,6 +196,14 @@ def local_files(row):
     return [target] if label.startswith("local file") else []
 
 
+def served_files(row, path):
+    """The file nginx sends for a row (HTTP and S3 on nginx serve `path` itself): read through
+    before each of its rows, untimed, so that every row, the first round's included, finds the
+    server's object in its page cache, as a hot object on a serving node is, rather than whatever
+    reclaim left of it since the last row that read it."""
+    return [path] if row[0].startswith(("HTTP:", "S3 (nginx):")) else []
+
+
 def warm_page_cache(paths):
     """Reads each file through (untimed); returns the share of their bytes then in the page cache."""
     for path in paths:
@@ -233,6 +246,7 @@ def main():
     ap.add_argument("--ours-python", default="")
     ap.add_argument("--only", default="", help="comma-separated substrings of the labels to run")
     ap.add_argument("--expect", default="", help="comma-separated checksums a tensorizer load must give")
+    ap.add_argument("--settle", type=float, default=SETTLE_S, help="seconds each fresh row waits before it starts")
     args = ap.parse_args()
     size = os.path.getsize(args.file)
     want = {int(c) for c in args.expect.split(",") if c}
@@ -250,7 +264,9 @@ def main():
     fresh = {}
     for rnd in range(args.rounds):
         for row in rows if rnd % 2 == 0 else rows[::-1]:
+            warm_page_cache(served_files(row, args.file))
             resident = warm_page_cache(local_files(row))
+            time.sleep(args.settle)
             res = run_row(row, size, 1, 0, want)
             print(f"net: fresh round {rnd + 1}/{args.rounds} {row[0]} done", file=sys.stderr, flush=True)
             if resident is not None:
