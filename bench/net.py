@@ -16,9 +16,9 @@ the local file are compared with their page cache in the same state: each is rea
 before its load (as the download that filled the cache leaves it), and the share of its bytes then
 resident is kept with the row (page_cache_before; fincore). The file nginx serves is read through
 the same way before each HTTP and S3-on-nginx row, so no row pays for reading it from disk, and
-each fresh row starts --settle seconds (3) after the previous one, as the cold-start rows do
-(bench/coldstart.py, SETTLE_S). The headline is a fresh process per load (--rounds, alternating
-the row order); repeats inside one process follow as a second table.
+each fresh row starts after a sync, --settle seconds (3) after the previous one, as the
+cold-start rows do (bench/coldstart.py, SETTLE_S). The headline is a fresh process per load
+(--rounds, alternating the row order); repeats inside one process follow as a second table.
 """
 
 import argparse
@@ -264,6 +264,7 @@ def main():
     fresh = {}
     for rnd in range(args.rounds):
         for row in rows if rnd % 2 == 0 else rows[::-1]:
+            os.sync()  # no row pays for writing back what the rows before it wrote (a miss writes ~1 GB)
             warm_page_cache(served_files(row, args.file))
             resident = warm_page_cache(local_files(row))
             time.sleep(args.settle)
