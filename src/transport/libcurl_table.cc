@@ -11,6 +11,6 @@ const tensorizer::net::LibCurl* tensorizer_libcurl_table() {
       &curl_multi_remove_handle, &curl_multi_perform, &curl_multi_info_read, &curl_multi_poll,
   };
   static const bool initialised = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
-  (void)initialised;  // a failed init shows as failing handles (make_easy names it)
+  (void)initialised;  // a failed init shows as handles that cannot be made (make_easy fails)
   return &table;
 }

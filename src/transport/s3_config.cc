@@ -103,30 +103,34 @@ std::string config_section(const std::string& profile) {
   return profile == "default" ? std::string("default.") : "profile " + profile + ".";
 }
 
-// Keys of the ini section that starts with `prefix`, if both are there (and its session token).
-bool keys_from(const Ini& ini, const std::string& prefix, const std::string& source, Found& f) {
-  auto a = lookup(ini, prefix + "aws_access_key_id"),
-       s = lookup(ini, prefix + "aws_secret_access_key");
+// The keys `get` finds by their config-file names (aws_access_key_id, aws_secret_access_key, and
+// aws_session_token if there is one), when both keys are there.
+template <typename Get>
+bool take_keys(const Get& get, const std::string& source, Found& f) {
+  auto a = get("aws_access_key_id"), s = get("aws_secret_access_key");
   if (!a || !s) return false;
   f.access_key = *a;
   f.secret_key = *s;
-  if (auto t = lookup(ini, prefix + "aws_session_token")) f.session_token = *t;
+  if (auto t = get("aws_session_token")) f.session_token = *t;
   f.source = source;
   f.ok = true;
   return true;
 }
 
+// The same keys in an ini file's section that starts with `prefix`.
+bool keys_from(const Ini& ini, const std::string& prefix, const std::string& source, Found& f) {
+  return take_keys([&](const std::string& key) { return lookup(ini, prefix + key); }, source, f);
+}
+
 Found aws_chain(const S3Options& o) {
   Found f;
-  auto ak = env("AWS_ACCESS_KEY_ID"), sk = env("AWS_SECRET_ACCESS_KEY");
-  if (ak && sk) {
-    f.access_key = *ak;
-    f.secret_key = *sk;
-    if (auto t = env("AWS_SESSION_TOKEN")) f.session_token = *t;
-    f.source = "environment variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY";
-    f.ok = true;
+  // The environment names the keys in upper case: AWS_ACCESS_KEY_ID, ...
+  auto from_env = [](std::string key) {
+    for (char& c : key) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return env(key.c_str());
+  };
+  if (take_keys(from_env, "environment variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", f))
     return f;
-  }
   const std::string profile = profile_name(o);
   Ini ini;
   const std::string cred_path = credentials_file();

@@ -107,6 +107,13 @@ TEST_F(S3ConfigTest, CredentialPrecedenceAndSources) {
   r = s3::resolve({}, false);
   EXPECT_EQ(r.access_key, "ENVKEY");
   EXPECT_NE(r.credential_source.find("environment"), std::string::npos);
+  EXPECT_EQ(r.secret_key, "ENVSECRET");
+  EXPECT_EQ(r.session_token, "");  // keys from the environment never take a file's token
+  env_.set("AWS_SESSION_TOKEN", std::string("ENVTOKEN"));
+  EXPECT_EQ(s3::resolve({}, false).session_token, "ENVTOKEN");
+  env_.set("AWS_SECRET_ACCESS_KEY", std::nullopt);  // one key alone: the files' keys are used
+  EXPECT_EQ(s3::resolve({}, false).access_key, "CREDKEY");
+  env_.set("AWS_SECRET_ACCESS_KEY", std::string("ENVSECRET"));
   write(".s3cfg", "[default]\naccess_key = CFGKEY\nsecret_key = CFGSECRET\n");
   r = s3::resolve({}, false);
   EXPECT_EQ(r.access_key, "CFGKEY");
