@@ -10,6 +10,11 @@ from typing import Callable, ContextManager, NamedTuple, Optional, TypeVar, Unio
 
 import torch
 
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
+
 
 def _psutil():
     """psutil, imported on first use (importing it costs a fresh process ~7 ms), or None."""
@@ -120,10 +125,6 @@ class CPUMemoryUsage(NamedTuple):
 
     @classmethod
     def now(cls) -> "CPUMemoryUsage":
-        try:
-            import resource  # imported here: not needed by most imports of tensorizer
-        except ImportError:  # not on Windows
-            resource = None
         if resource is not None:
             maxrss = (
                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
