@@ -39,30 +39,23 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Page-aligned, pre-touched memory, so first-touch page faults are not timed.
+// Page-aligned anonymous memory. Pre-touched (huge pages advised), so first-touch page faults are
+// not timed; or fresh, never touched, so loads into it pay the page faults a real load pays.
 struct Buffer {
+  enum Kind { kPretouched, kFresh };
   uint8_t* data = nullptr;
   size_t size = 0;
-  explicit Buffer(size_t n) : size(std::max<size_t>(n, 1)) {
+  explicit Buffer(size_t n, Kind kind = kPretouched) : size(std::max<size_t>(n, 1)) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) + " bytes");
-    madvise(p, size, MADV_HUGEPAGE);
     data = static_cast<uint8_t*>(p);
+    if (kind == kFresh) return;
+    madvise(p, size, MADV_HUGEPAGE);
     std::memset(data, 1, size);
   }
   ~Buffer() { munmap(data, size); }
-};
-
-// Fresh anonymous memory, never touched: loads into it pay the page faults a real load pays.
-struct FreshBuffer {
-  uint8_t* data = nullptr;
-  size_t size = 0;
-  explicit FreshBuffer(size_t n) : size(std::max<size_t>(n, 1)) {
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) fail(ErrorCode::kIO, "cannot allocate " + std::to_string(size) + " bytes");
-    data = static_cast<uint8_t*>(p);
-  }
-  ~FreshBuffer() { munmap(data, size); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
 };
 
 // Tensor shapes of a decoder-only transformer (hidden h, 4h MLP), repeated until `bytes`.
@@ -193,7 +186,7 @@ void run_bench(const BenchOptions& o) {
   for (int rep = 0; rep < o.repeat + 1; ++rep) {
     std::vector<double> l;
     for (int mode = 0; mode < 3; ++mode) {
-      FreshBuffer fresh(std::max(total, file_size));
+      Buffer fresh(std::max(total, file_size), Buffer::kFresh);
       if (mode == 0) {
         l.push_back(raw_read_seconds(path, fresh.data, file_size));
         continue;
@@ -215,24 +208,24 @@ void run_bench(const BenchOptions& o) {
   }
 
   const double gb = total / 1e9, raw_gbps = file_size / 1e9 / median(raw);
-  std::printf("%-34s %10s %10s\n", "operation", "GB/s", "vs read()");
-  std::printf("%-34s %10.2f %10s\n", "raw read() of the file", raw_gbps, "1.00");
+  std::printf("%-36s %10s %10s\n", "operation", "GB/s", "vs read()");
+  std::printf("%-36s %10.2f %10s\n", "raw read() of the file", raw_gbps, "1.00");
   for (size_t k = 0; k < worker_counts.size(); ++k) {
     double g = gb / median(loads[k]);
     char label[64];
     std::snprintf(label, sizeof label, "load, %d worker%s", worker_counts[k],
                   worker_counts[k] > 1 ? "s" : "");
-    std::printf("%-34s %10.2f %10.2f\n", label, g, g / raw_gbps);
+    std::printf("%-36s %10.2f %10.2f\n", label, g, g / raw_gbps);
   }
-  std::printf("%-34s %10.2f %10.2f\n", "load + verify CRC32/SHA-256", gb / verify_s,
+  std::printf("%-36s %10.2f %10.2f\n", "load + verify CRC32/SHA-256", gb / verify_s,
               gb / verify_s / raw_gbps);
   const double fresh_gbps = file_size / 1e9 / median(fresh_raw);
-  std::printf("%-34s %10.2f %10s\n", "read() into fresh memory", fresh_gbps, "-");
-  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, 4 KiB pages",
+  std::printf("%-36s %10.2f %10s\n", "read() into fresh memory", fresh_gbps, "-");
+  std::printf("%-36s %10.2f %10.2f\n", "load into fresh memory, 4 KiB pages",
               gb / median(fresh_small), gb / median(fresh_small) / fresh_gbps);
-  std::printf("%-34s %10.2f %10.2f\n", "load into fresh memory, huge pages",
+  std::printf("%-36s %10.2f %10.2f\n", "load into fresh memory, huge pages",
               gb / median(fresh_huge), gb / median(fresh_huge) / fresh_gbps);
-  std::printf("%-34s %10.2f %10s\n", "write (hash + write)", gb / median(write_s), "-");
+  std::printf("%-36s %10.2f %10s\n", "write (hash + write)", gb / median(write_s), "-");
   std::printf("median of %d runs after a warm-up; all bytes checked\n", o.repeat);
   if (!o.keep && o.file.empty()) std::filesystem::remove(path);
 }
