@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "tensorizer/dtype.h"
@@ -60,11 +63,15 @@ struct Buffer {
 
 // Tensor shapes of a decoder-only transformer (hidden h, 4h MLP), repeated until `bytes`.
 std::vector<std::pair<std::string, std::vector<uint64_t>>> model_shapes(uint64_t bytes) {
-  const uint64_t h = 2048;
+  // A 2048-wide model with a 32,000-token embedding; narrower, with a smaller vocabulary, where
+  // that embedding alone would take more than a quarter of `bytes`.
+  uint64_t h = 2048, vocab = 32000;
+  while (h > 64 && vocab * h * 2 > bytes / 4) h /= 2;
+  while (vocab > 1000 && vocab * h * 2 > bytes / 4) vocab /= 2;
   std::vector<std::pair<std::string, std::vector<uint64_t>>> out;
   uint64_t total = 0;
-  out.push_back({"embed.weight", {32000, h}});
-  total += 32000 * h * 2;
+  out.push_back({"embed.weight", {vocab, h}});
+  total += vocab * h * 2;
   for (int layer = 0; total < bytes; ++layer) {
     const std::string p = "layers." + std::to_string(layer) + ".";
     const std::pair<const char*, std::vector<uint64_t>> parts[] = {
@@ -97,6 +104,7 @@ void fill_random(uint8_t* p, size_t n, uint64_t seed) {
 double raw_read_seconds(const std::string& path, uint8_t* dst, size_t size) {
   auto t = Clock::now();
   int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail(ErrorCode::kIO, "cannot open '" + path + "': " + std::strerror(errno));
   size_t done = 0;
   while (done < size) {
     ssize_t r = ::read(fd, dst + done, std::min<size_t>(size - done, 1u << 30));
@@ -107,11 +115,26 @@ double raw_read_seconds(const std::string& path, uint8_t* dst, size_t size) {
   return seconds_since(t);
 }
 
+// A new, unique file in the temp directory, removed (unless kept) when the bench ends, however.
+struct TempFile {
+  std::string path;
+  bool keep;
+  explicit TempFile(bool keep_file) : keep(keep_file) {
+    path = (std::filesystem::temp_directory_path() / "tensorizer-bench-XXXXXX.tensors").string();
+    const int fd = ::mkstemps(path.data(), static_cast<int>(std::strlen(".tensors")));
+    if (fd < 0) fail(ErrorCode::kIO, "cannot create '" + path + "': " + std::strerror(errno));
+    ::close(fd);
+  }
+  ~TempFile() {
+    std::error_code ec;
+    if (!keep) std::filesystem::remove(path, ec);
+  }
+};
+
 void run_bench(const BenchOptions& o) {
-  const std::string path =
-      o.file.empty()
-          ? (std::filesystem::temp_directory_path() / "tensorizer-bench.tensors").string()
-          : o.file;
+  std::optional<TempFile> temp;
+  if (o.file.empty()) temp.emplace(o.keep);
+  const std::string path = temp ? temp->path : o.file;
   auto shapes = model_shapes(o.size_mb << 20);
   std::vector<uint64_t> offsets;
   uint64_t total = 0;
@@ -121,7 +144,7 @@ void run_bench(const BenchOptions& o) {
     for (uint64_t d : shape) n *= d;
     total += n;
   }
-  std::printf("tensorizer bench: %zu fp16 tensors, %.2f GB, file %s, %d usable cores\n",
+  std::printf("tensorizer bench: %zu fp16 tensors, %.3g GB, file %s, %d usable cores\n",
               shapes.size(), total / 1e9, path.c_str(), usable_cores());
   Buffer src(total);
   fill_random(src.data, total, 42);
@@ -227,7 +250,6 @@ void run_bench(const BenchOptions& o) {
               gb / median(fresh_huge), gb / median(fresh_huge) / fresh_gbps);
   std::printf("%-36s %10.2f %10s\n", "write (hash + write)", gb / median(write_s), "-");
   std::printf("median of %d runs after a warm-up; all bytes checked\n", o.repeat);
-  if (!o.keep && o.file.empty()) std::filesystem::remove(path);
 }
 
 }  // namespace
@@ -236,10 +258,13 @@ void register_bench(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("bench", "write and load a synthetic model-sized file, print GB/s");
   auto o = std::make_shared<BenchOptions>();
-  cmd->add_option("--size-mb", o->size_mb, "approximate model size in MiB (default 1024)");
+  cmd->add_option("--size-mb", o->size_mb, "approximate model size in MiB (default 1024)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   cmd->add_option("--file", o->file, "where to write the file (default: temp dir, removed after)");
-  cmd->add_option("--repeat", o->repeat, "timed repetitions (default 5)");
-  cmd->add_option("--workers", o->workers, "workers for the parallel load (default: usable cores)");
+  cmd->add_option("--repeat", o->repeat, "timed repetitions (default 5)")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--workers", o->workers, "workers for the parallel load (default: usable cores)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_flag("--keep", o->keep, "keep the file");
   cmd->callback([o] { run_bench(*o); });
 }

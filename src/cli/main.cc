@@ -7,6 +7,7 @@
 //   tensorizer decrypt IN OUT (--key-file F | --passphrase-env VAR)   remove it
 //   tensorizer cp SRC DST              copy between file, http(s) (read only), s3:// and redis://
 //
+// Exit status: 0 on success, 1 when verify finds a mismatch, 2 on a usage error or a failure.
 // Ctrl-C cancels the running command (tensorizer/cancel.h): it stops within a fraction of a
 // second, removes partial outputs and exits with status 130; a second Ctrl-C kills at once.
 #include <CLI/CLI.hpp>
@@ -46,7 +47,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 2;  // --help, or a usage error: status 2, as for other errors
   } catch (const tensorizer::Error& e) {
     if (g_interrupt.fired()) {
       std::fprintf(stderr, "tensorizer: interrupted\n");
