@@ -19,9 +19,8 @@ std::string q(const std::string& s) { return "'" + s + "'"; }
 
 // Runs `tensorizer bench ARGS` with TMPDIR=tmp; returns the status, stdout and stderr in `out`.
 int bench(const std::string& tmp, const std::string& args, std::string* out) {
-  return test::run_command("TMPDIR=" + q(tmp) + " " + q(test::cli_path()) + " bench " + args +
-                               " 2>&1",
-                           out);
+  return test::run_command(
+      "TMPDIR=" + q(tmp) + " " + q(test::cli_path()) + " bench " + args + " 2>&1", out);
 }
 
 size_t files_in(const std::string& dir) {
@@ -41,11 +40,11 @@ TEST_F(CliBench, SmallRunWritesAVerifiableModelAndPrintsEveryRow) {
   const std::string file = dir_.path("model.tensors");
   std::string out;
   ASSERT_EQ(bench(dir_.path(""), "--size-mb 2 --repeat 1 --file " + q(file), &out), 0) << out;
-  for (const char* row : {"raw read() of the file", "load, 1 worker", "load, 2 workers",
-                          "load + verify CRC32/SHA-256", "read() into fresh memory",
-                          "load into fresh memory, 4 KiB pages",
-                          "load into fresh memory, huge pages", "write (hash + write)",
-                          "median of 1 runs after a warm-up; all bytes checked"})
+  for (const char* row :
+       {"raw read() of the file", "load, 1 worker", "load, 2 workers",
+        "load + verify CRC32/SHA-256", "read() into fresh memory",
+        "load into fresh memory, 4 KiB pages", "load into fresh memory, huge pages",
+        "write (hash + write)", "median of 1 runs after a warm-up; all bytes checked"})
     EXPECT_NE(out.find(row), std::string::npos) << row << " missing from:\n" << out;
 
   std::smatch m;
