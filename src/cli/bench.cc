@@ -129,6 +129,8 @@ struct TempFile {
     std::error_code ec;
     if (!keep) std::filesystem::remove(path, ec);
   }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
 };
 
 void run_bench(const BenchOptions& o) {

@@ -15,12 +15,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string q(const std::string& s) { return "'" + s + "'"; }
-
 // Runs `tensorizer bench ARGS` with TMPDIR=tmp; returns the status, stdout and stderr in `out`.
 int bench(const std::string& tmp, const std::string& args, std::string* out) {
-  return test::run_command(
-      "TMPDIR=" + q(tmp) + " " + q(test::cli_path()) + " bench " + args + " 2>&1", out);
+  return test::run_cli("bench " + args, out, "TMPDIR=" + test::shell_quote(tmp) + " ");
 }
 
 size_t files_in(const std::string& dir) {
@@ -39,7 +36,9 @@ class CliBench : public ::testing::Test {
 TEST_F(CliBench, SmallRunWritesAVerifiableModelAndPrintsEveryRow) {
   const std::string file = dir_.path("model.tensors");
   std::string out;
-  ASSERT_EQ(bench(dir_.path(""), "--size-mb 2 --repeat 1 --file " + q(file), &out), 0) << out;
+  ASSERT_EQ(bench(dir_.path(""), "--size-mb 2 --repeat 1 --file " + test::shell_quote(file), &out),
+            0)
+      << out;
   for (const char* row :
        {"raw read() of the file", "load, 1 worker", "load, 2 workers",
         "load + verify CRC32/SHA-256", "read() into fresh memory",
@@ -64,8 +63,7 @@ TEST_F(CliBench, SmallRunWritesAVerifiableModelAndPrintsEveryRow) {
   EXPECT_LT(bytes, 3u << 20);
 
   std::string verified;
-  EXPECT_EQ(test::run_command(q(test::cli_path()) + " verify " + q(file) + " 2>&1", &verified), 0)
-      << verified;
+  EXPECT_EQ(test::run_cli("verify " + test::shell_quote(file), &verified), 0) << verified;
 }
 
 TEST_F(CliBench, TempFileIsRemovedUnlessKept) {

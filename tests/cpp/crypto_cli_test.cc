@@ -17,12 +17,8 @@ namespace tensorizer {
 namespace {
 
 using nlohmann::json;
-
-std::string q(const std::string& s) { return "'" + s + "'"; }
-
-int cli(const std::string& args, std::string* out) {
-  return test::run_command(q(test::cli_path()) + " " + args + " 2>&1", out);
-}
+using test::run_cli;
+using test::shell_quote;
 
 Key read_key(const std::string& path) {
   const std::string b = test::read_file(path);
@@ -77,24 +73,33 @@ TEST_F(CryptCliTest, EncryptAndDecryptEveryUnencryptedFixture) {
                       back = dir_.path(name + ".back"), penc = dir_.path(name + ".penc"),
                       pback = dir_.path(name + ".pback");
     std::string out;
-    ASSERT_EQ(cli("encrypt -q " + q(in) + " " + q(enc) + " --key-file " + q(key_file_), &out), 0)
+    ASSERT_EQ(run_cli("encrypt -q " + shell_quote(in) + " " + shell_quote(enc) + " --key-file " +
+                          shell_quote(key_file_),
+                      &out),
+              0)
         << out;
     expect_manifest(enc, name, DecryptionParams::from_key(read_key(key_file_)));
-    ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(back) + " --key-file " + q(key_file_), &out), 0)
+    ASSERT_EQ(run_cli("decrypt -q " + shell_quote(enc) + " " + shell_quote(back) + " --key-file " +
+                          shell_quote(key_file_),
+                      &out),
+              0)
         << out;
     expect_manifest(back, name, std::nullopt);
-    ASSERT_EQ(cli("encrypt -q " + q(in) + " " + q(penc) +
-                      " --passphrase-env TZ_TEST_PASSPHRASE --opslimit min --memlimit min",
-                  &out),
+    ASSERT_EQ(run_cli("encrypt -q " + shell_quote(in) + " " + shell_quote(penc) +
+                          " --passphrase-env TZ_TEST_PASSPHRASE --opslimit min --memlimit min",
+                      &out),
               0)
         << out;
     expect_manifest(penc, name, DecryptionParams::from_passphrase("a passphrase"));
-    ASSERT_EQ(cli("decrypt -q " + q(penc) + " " + q(pback) + " --passphrase-env TZ_TEST_PASSPHRASE",
-                  &out),
+    ASSERT_EQ(run_cli("decrypt -q " + shell_quote(penc) + " " + shell_quote(pback) +
+                          " --passphrase-env TZ_TEST_PASSPHRASE",
+                      &out),
               0)
         << out;
     expect_manifest(pback, name, std::nullopt);
-    EXPECT_EQ(cli("verify " + q(penc) + " --passphrase-env TZ_TEST_PASSPHRASE", &out), 0) << out;
+    EXPECT_EQ(run_cli("verify " + shell_quote(penc) + " --passphrase-env TZ_TEST_PASSPHRASE", &out),
+              0)
+        << out;
   }
 }
 
@@ -102,17 +107,17 @@ TEST_F(CryptCliTest, DecryptTheReferenceEncryptedFixtures) {
   std::string out;
   const std::string f = test::fixture_path("encrypted_key.tensors"),
                     plain = dir_.path("ek.tensors");
-  ASSERT_EQ(cli("decrypt -q " + q(f) + " " + q(plain) + " --key-file " +
-                    q(test::fixture_path("encrypted_key.key")),
-                &out),
+  ASSERT_EQ(run_cli("decrypt -q " + shell_quote(f) + " " + shell_quote(plain) + " --key-file " +
+                        shell_quote(test::fixture_path("encrypted_key.key")),
+                    &out),
             0)
       << out;
   expect_manifest(plain, "encrypted_key.tensors", std::nullopt);
   const std::string m = test::fixture_path("meta_encrypted.tensors"),
                     mplain = dir_.path("me.tensors");
-  ASSERT_EQ(cli("decrypt -q " + q(m) + " " + q(mplain) + " --key-file " +
-                    q(test::fixture_path("meta_encrypted.key")),
-                &out),
+  ASSERT_EQ(run_cli("decrypt -q " + shell_quote(m) + " " + shell_quote(mplain) + " --key-file " +
+                        shell_quote(test::fixture_path("meta_encrypted.key")),
+                    &out),
             0)
       << out;
   expect_manifest(mplain, "meta_encrypted.tensors", std::nullopt);
@@ -123,10 +128,10 @@ TEST_F(CryptCliTest, DecryptTheReferenceEncryptedFixtures) {
          1);
   const std::string p = test::fixture_path("encrypted_passphrase.tensors"),
                     pplain = dir_.path("ep.tensors");
-  ASSERT_EQ(
-      cli("decrypt -q " + q(p) + " " + q(pplain) + " --passphrase-env TZ_TEST_FIXTURE_PASSPHRASE",
-          &out),
-      0)
+  ASSERT_EQ(run_cli("decrypt -q " + shell_quote(p) + " " + shell_quote(pplain) +
+                        " --passphrase-env TZ_TEST_FIXTURE_PASSPHRASE",
+                    &out),
+            0)
       << out;
   expect_manifest(pplain, "encrypted_passphrase.tensors", std::nullopt);
 }
@@ -157,12 +162,15 @@ TEST_F(CryptCliTest, LargeTensorsAreStreamedInPieces) {
   }
   std::string out;
   const std::string enc = dir_.path("big.enc"), back = dir_.path("big.back");
-  ASSERT_EQ(
-      cli("encrypt -q " + q(in) + " " + q(enc) + " --key-file " + q(key_file_) + " --workers 2",
-          &out),
-      0)
+  ASSERT_EQ(run_cli("encrypt -q " + shell_quote(in) + " " + shell_quote(enc) + " --key-file " +
+                        shell_quote(key_file_) + " --workers 2",
+                    &out),
+            0)
       << out;
-  ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(back) + " --key-file " + q(key_file_), &out), 0)
+  ASSERT_EQ(run_cli("decrypt -q " + shell_quote(enc) + " " + shell_quote(back) + " --key-file " +
+                        shell_quote(key_file_),
+                    &out),
+            0)
       << out;
   for (const auto& [path, dec] :
        {std::pair{enc, std::optional(DecryptionParams::from_key(read_key(key_file_)))},
@@ -189,15 +197,16 @@ TEST_F(CryptCliTest, RemoteSourcesAndSinks) {
   TZ_SERVER_ENV(redis, "TZ_TEST_REDIS_URL");
   const std::string cfg = dir_.path("s3cfg");
   test::write_file(cfg, "[default]\naccess_key = testing\nsecret_key = testing\n");
-  const std::string s3 = " --s3-endpoint " + q(endpoint) + " --force-http --s3-config " + q(cfg);
+  const std::string s3 =
+      " --s3-endpoint " + shell_quote(endpoint) + " --force-http --s3-config " + shell_quote(cfg);
   for (const auto& name : {"dtypes.tensors", "meta.tensors"}) {
     SCOPED_TRACE(name);
     const std::string enc = "s3://" + bucket + "/" + test::unique_name("enc") + ".tensors";
     const std::string dec = redis + "/" + test::unique_name("dec");
     std::string out;
-    ASSERT_EQ(cli("encrypt -q " + q(http + "/fixtures/" + name) + " " + q(enc) + " --key-file " +
-                      q(key_file_) + s3,
-                  &out),
+    ASSERT_EQ(run_cli("encrypt -q " + shell_quote(http + "/fixtures/" + name) + " " +
+                          shell_quote(enc) + " --key-file " + shell_quote(key_file_) + s3,
+                      &out),
               0)
         << out;
     TransportOptions t;
@@ -206,7 +215,9 @@ TEST_F(CryptCliTest, RemoteSourcesAndSinks) {
     t.s3.access_key_id = "testing";
     t.s3.secret_access_key = "testing";
     expect_manifest(enc, name, DecryptionParams::from_key(read_key(key_file_)), t);
-    ASSERT_EQ(cli("decrypt -q " + q(enc) + " " + q(dec) + " --key-file " + q(key_file_) + s3, &out),
+    ASSERT_EQ(run_cli("decrypt -q " + shell_quote(enc) + " " + shell_quote(dec) + " --key-file " +
+                          shell_quote(key_file_) + s3,
+                      &out),
               0)
         << out;
     expect_manifest(dec, name, std::nullopt);
@@ -219,35 +230,45 @@ TEST_F(CryptCliTest, MisuseFailsAndLeavesNoOutput) {
   const std::string o1 = dir_.path("o1"), o2 = dir_.path("o2"), o3 = dir_.path("o3"),
                     o4 = dir_.path("o4");
   // Wrong key.
-  EXPECT_EQ(cli("decrypt " + q(enc_fixture) + " " + q(o1) + " --key-file " + q(key_file_), &out), 2)
+  EXPECT_EQ(run_cli("decrypt " + shell_quote(enc_fixture) + " " + shell_quote(o1) + " --key-file " +
+                        shell_quote(key_file_),
+                    &out),
+            2)
       << out;
   EXPECT_NE(out.find("Tensor decryption failed"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(o1));
   // Already encrypted.
-  EXPECT_EQ(cli("encrypt " + q(enc_fixture) + " " + q(o2) + " --key-file " + q(key_file_), &out), 2)
+  EXPECT_EQ(run_cli("encrypt " + shell_quote(enc_fixture) + " " + shell_quote(o2) + " --key-file " +
+                        shell_quote(key_file_),
+                    &out),
+            2)
       << out;
   EXPECT_NE(out.find("already encrypted"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(o2));
   // Not encrypted.
-  EXPECT_EQ(cli("decrypt " + q(test::fixture_path("module.tensors")) + " " + q(o3) +
-                    " --key-file " + q(key_file_),
-                &out),
+  EXPECT_EQ(run_cli("decrypt " + shell_quote(test::fixture_path("module.tensors")) + " " +
+                        shell_quote(o3) + " --key-file " + shell_quote(key_file_),
+                    &out),
             2)
       << out;
   EXPECT_FALSE(std::filesystem::exists(o3));
   // No key, both keys, unset variable, bad preset.
-  const std::string in = q(test::fixture_path("module.tensors"));
-  EXPECT_EQ(cli("encrypt " + in + " " + q(o4), &out), 2) << out;
+  const std::string in = shell_quote(test::fixture_path("module.tensors"));
+  EXPECT_EQ(run_cli("encrypt " + in + " " + shell_quote(o4), &out), 2) << out;
   unsetenv("TZ_TEST_UNSET");
-  EXPECT_EQ(cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_UNSET", &out), 2) << out;
+  EXPECT_EQ(
+      run_cli("encrypt " + in + " " + shell_quote(o4) + " --passphrase-env TZ_TEST_UNSET", &out), 2)
+      << out;
   setenv("TZ_TEST_SET", "x", 1);
-  EXPECT_EQ(cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_SET --key-file " +
-                    q(key_file_),
-                &out),
+  EXPECT_EQ(run_cli("encrypt " + in + " " + shell_quote(o4) +
+                        " --passphrase-env TZ_TEST_SET --key-file " + shell_quote(key_file_),
+                    &out),
             2)
       << out;
-  EXPECT_EQ(
-      cli("encrypt " + in + " " + q(o4) + " --passphrase-env TZ_TEST_SET --opslimit lots", &out), 2)
+  EXPECT_EQ(run_cli("encrypt " + in + " " + shell_quote(o4) +
+                        " --passphrase-env TZ_TEST_SET --opslimit lots",
+                    &out),
+            2)
       << out;
   EXPECT_FALSE(std::filesystem::exists(o4));
 }

@@ -196,19 +196,15 @@ TEST(FixturesTest, RequestingDecryptionOfAPlainFileFails) {
 
 // ---- The CLI over the fixtures ----------------------------------------------------------------
 
-std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
-
-int run_cli(const std::string& args, std::string* out) {
-  return test::run_command(shell_quote(test::cli_path()) + " " + args + " 2>&1", out);
-}
-
 TEST(FixturesCliTest, InspectJsonMatchesTheManifest) {
   if (test::cli_path().empty()) GTEST_SKIP() << "CLI not built";
   for (const auto& name : test::all_fixtures()) {
     SCOPED_TRACE(name);
     const json& m = file_manifest(name);
     std::string out;
-    ASSERT_EQ(run_cli("inspect --json " + shell_quote(test::fixture_path(name)), &out), 0) << out;
+    ASSERT_EQ(test::run_cli("inspect --json " + test::shell_quote(test::fixture_path(name)), &out),
+              0)
+        << out;
     json j = json::parse(out);
     EXPECT_EQ(j["version"], m["version"]);
     EXPECT_EQ(j["flags"], m["flags"]);
@@ -236,7 +232,7 @@ TEST(FixturesCliTest, VerifyPassesOnUnencryptedFixtures) {
   if (test::cli_path().empty()) GTEST_SKIP() << "CLI not built";
   for (const auto& name : test::unencrypted_fixtures()) {
     std::string out;
-    EXPECT_EQ(run_cli("verify " + shell_quote(test::fixture_path(name)), &out), 0)
+    EXPECT_EQ(test::run_cli("verify " + test::shell_quote(test::fixture_path(name)), &out), 0)
         << name << ": " << out;
     EXPECT_NE(out.find("OK"), std::string::npos) << out;
   }
@@ -256,7 +252,7 @@ TEST(FixturesCliTest, VerifyNamesTheTensorWithAFlippedDataByte) {
     const std::string copy = dir.path(std::string(victim) + ".tensors");
     test::write_file(copy, bytes);
     std::string out;
-    EXPECT_EQ(run_cli("verify " + shell_quote(copy), &out), 1) << out;
+    EXPECT_EQ(test::run_cli("verify " + test::shell_quote(copy), &out), 1) << out;
     EXPECT_NE(out.find("MISMATCH tensor '" + std::string(victim) + "'"), std::string::npos) << out;
     // Only that tensor is named.
     size_t count = 0;

@@ -448,8 +448,7 @@ TEST(RoundTripTest, WrittenFilePassesCliVerify) {
   b.add_torch("m", "float32", {4}, true);
   const std::string p = write_all(dir.path("v.tensors"), {&b});
   std::string out;
-  EXPECT_EQ(test::run_command("'" + test::cli_path() + "' verify '" + p + "' 2>&1", &out), 0)
-      << out;
+  EXPECT_EQ(test::run_cli("verify " + test::shell_quote(p), &out), 0) << out;
   EXPECT_NE(out.find("OK"), std::string::npos) << out;
 }
 

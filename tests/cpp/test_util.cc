@@ -121,6 +121,12 @@ std::unique_ptr<Source> truncated_source(std::shared_ptr<const std::string> byte
 
 std::string cli_path() { return TZ_CLI_PATH; }
 
+std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
+
+int run_cli(const std::string& args, std::string* out, const std::string& env) {
+  return run_command(env + shell_quote(cli_path()) + " " + args + " 2>&1", out);
+}
+
 TensorPath path_from_json(const nlohmann::json& name) {
   if (name.is_string()) return TensorPath(name.get<std::string>());
   std::vector<PathComponent> components;

@@ -71,6 +71,13 @@ int run_command(const std::string& cmd, std::string* out);
 // The built `tensorizer` program (empty when the CLI is not built).
 std::string cli_path();
 
+// `s` in single quotes, for a shell command line (test paths hold no quote).
+std::string shell_quote(const std::string& s);
+
+// Runs `env tensorizer args` (env: "NAME=value " assignments, or empty); returns its exit status,
+// with its stdout and stderr together in `out`.
+int run_cli(const std::string& args, std::string* out, const std::string& env = "");
+
 // A manifest tensor name (a string, or an array of strings and ints) as a TensorPath.
 TensorPath path_from_json(const nlohmann::json& name);
 
