@@ -33,7 +33,7 @@ format: deps
 	$(PY) -m ruff format $(PY_DIRS)
 
 # Every test: C++ (plain and under ASan+UBSan), then Python, then the wheel as users install it.
-test: test-cpp test-asan test-tsan test-python test-wheel
+test: test-cpp test-asan test-python test-wheel
 
 # A self-contained manylinux wheel in dist/ (scripts/build-wheel.sh).
 wheel: deps
