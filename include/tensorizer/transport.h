@@ -73,6 +73,10 @@ class Source {
   virtual uint64_t bytes_read() const = 0;
   // How many concurrent readers this source serves best; 0 = one per CPU core.
   virtual int preferred_readers() const { return 0; }
+  // The most concurrent readers that can help, whatever a caller asks for; 0 = no bound. A server
+  // that ignores Range sends the whole object for every request, so its reads must come in order
+  // from one reader: a read behind the transfer starts the object again (HTTP without ranges: 1).
+  virtual int max_readers() const { return 0; }
   // How many bytes one read request of a load should cover (the planner's item size); 0 = the
   // engine's default (16 MiB).
   virtual uint64_t preferred_read_bytes() const { return 0; }
@@ -120,6 +124,7 @@ class ForwardingSource : public Source {
   const std::string& uri() const override { return inner_->uri(); }
   uint64_t bytes_read() const override { return inner_->bytes_read(); }
   int preferred_readers() const override { return inner_->preferred_readers(); }
+  int max_readers() const override { return inner_->max_readers(); }
   uint64_t preferred_read_bytes() const override { return inner_->preferred_read_bytes(); }
   int local_fd() const override { return inner_->local_fd(); }
   bool versioned() const override { return inner_->versioned(); }
@@ -130,6 +135,10 @@ class ForwardingSource : public Source {
  protected:
   std::shared_ptr<Source> inner_;
 };
+
+// The one rule for how many readers a load or copy of `source` runs: `requested` when positive,
+// else what the source serves best, else one per usable core; never more than max_readers().
+int readers_for(const Source& source, int requested);
 
 class Sink {
  public:

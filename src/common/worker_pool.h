@@ -23,7 +23,8 @@ void parallel_for_workers(size_t count, int workers,
 int usable_cores();
 
 // The one rule for worker counts: `requested` when positive, else what the source serves best
-// (Source::preferred_readers(), when positive), else one per usable core.
+// (Source::preferred_readers(), when positive), else one per usable core. Readers of a Source go
+// through readers_for() (tensorizer/transport.h), which also keeps to Source::max_readers().
 int default_workers(int requested, int source_preferred = 0);
 
 // How many long reads of `bytes` in all pay for themselves when one request costs

@@ -32,8 +32,8 @@ uint64_t copy_object(const std::string& src, const std::string& dst,
   try {
     sink->reserve(size);
     const uint64_t chunks = (size + chunk - 1) / chunk;
-    workers = static_cast<int>(std::max<uint64_t>(
-        1, std::min<uint64_t>(default_workers(workers, source->preferred_readers()), chunks)));
+    workers = static_cast<int>(
+        std::max<uint64_t>(1, std::min<uint64_t>(readers_for(*source, workers), chunks)));
     const size_t buffer_bytes = static_cast<size_t>(std::min(chunk, std::max<uint64_t>(size, 1)));
     std::vector<std::unique_ptr<Source>> clones;
     std::vector<std::unique_ptr<char[]>> buffers(static_cast<size_t>(workers));

@@ -350,7 +350,7 @@ class LoadJob {
       crypt_.reset(new CryptState[dests_.size()]);
     }
     items_ = engine::plan_reads(planned, plan);
-    int workers = default_workers(opt_.num_workers, r_.source->preferred_readers());
+    int workers = readers_for(*r_.source, opt_.num_workers);
     if (streamed && opt_.num_workers <= 0) workers = std::min(workers, paying_shares());
     workers = std::max(1, std::min<int>(workers, static_cast<int>(items_.size())));
     std::vector<std::unique_ptr<Source>> handles;  // one source per worker beyond the caller's
@@ -965,9 +965,9 @@ void Reader::read_strided(size_t entry, const StridedRange& range, void* dest,
     constexpr uint64_t kRequestBytes = 8ull << 20;
     const uint64_t max_gap = impl_->source->local_fd() >= 0 ? 128ull << 10 : 4ull << 20;
     const std::vector<StridedRequest> requests = plan_strided(range, out, kRequestBytes, max_gap);
-    const int workers = std::max(
-        1, std::min<int>(default_workers(options.num_workers, impl_->source->preferred_readers()),
-                         static_cast<int>(std::min<size_t>(requests.size(), 1 << 20))));
+    const int workers =
+        std::max(1, std::min<int>(readers_for(*impl_->source, options.num_workers),
+                                  static_cast<int>(std::min<size_t>(requests.size(), 1 << 20))));
     std::vector<std::unique_ptr<Source>> handles;
     for (int i = 1; i < workers; ++i) handles.push_back(impl_->source->clone());
     std::vector<std::unique_ptr<uint8_t[]>> gap_scratch(static_cast<size_t>(workers));

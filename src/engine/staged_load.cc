@@ -130,7 +130,7 @@ class StagedJob {
     int workers = opt_.num_workers;
     if (workers <= 0 && direct_)
       workers = std::clamp(usable_cores(), kMinDirectReads, kMaxDirectReads);
-    workers = default_workers(workers, r_.source().preferred_readers());
+    workers = readers_for(r_.source(), workers);
     workers = std::max(
         1, std::min({workers, static_cast<int>(slot_count), static_cast<int>(items_.size())}));
 

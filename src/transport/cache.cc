@@ -128,8 +128,7 @@ void fill(Source& remote, uint64_t size, int fd, const std::string& what) {
   if (map == MAP_FAILED) fail_cache("cannot map the file for", what, errno);
   auto* bytes = static_cast<uint8_t*>(map);
   try {
-    int shares = std::min(default_workers(0, remote.preferred_readers()),
-                          paying_shares(size, remote.first_byte_seconds()));
+    int shares = std::min(readers_for(remote, 0), paying_shares(size, remote.first_byte_seconds()));
     shares = static_cast<int>(std::clamp<uint64_t>(size / kMinShareBytes, 1, shares));
     std::vector<std::unique_ptr<Source>> clones;
     for (int i = 1; i < shares; ++i) clones.push_back(remote.clone());

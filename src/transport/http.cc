@@ -527,6 +527,10 @@ class HttpSource final : public Source {
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->ranges ? 8 : 1;
   }
+  int max_readers() const override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->ranges ? 0 : 1;  // one whole-object transfer, read in order (StreamCursor)
+  }
   uint64_t preferred_read_bytes() const override { return s_->http.read_bytes; }
   bool versioned() const override {
     std::lock_guard<std::mutex> lock(s_->mu);

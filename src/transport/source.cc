@@ -1,8 +1,9 @@
-// What every Source shares: the default long read, in pieces through read_scatter(), and the
-// first step of every transport's read (slices.h).
+// What every Source shares: the default long read, in pieces through read_scatter(), the first
+// step of every transport's read (slices.h), and how many readers a source is read with.
 #include <algorithm>
 #include <vector>
 
+#include "common/worker_pool.h"
 #include "tensorizer/error.h"
 #include "tensorizer/transport.h"
 #include "transport/slices.h"
@@ -52,6 +53,12 @@ uint64_t Source::read_stream(uint64_t offset, const IoSlice* slices, size_t coun
     budget.landed(done);
   }
   return done;
+}
+
+int readers_for(const Source& source, int requested) {
+  const int n = default_workers(requested, source.preferred_readers());
+  const int most = source.max_readers();
+  return most > 0 ? std::min(n, most) : n;
 }
 
 }  // namespace tensorizer

@@ -79,6 +79,9 @@ TEST(TransportHttpTest, ServerWithoutRangeSupportUsesOneReaderAndLoadsBitExact) 
   auto src = open_source(url + "/fixtures/dtypes.tensors");
   EXPECT_EQ(src->size(), test::fixture_manifest("dtypes.tensors")["size"].get<uint64_t>());
   EXPECT_EQ(src->preferred_readers(), 1);
+  // Asked-for readers too: each read behind its one transfer would restart the object.
+  EXPECT_EQ(src->max_readers(), 1);
+  EXPECT_EQ(readers_for(*src, 8), 1);
   // A read in the middle: the server sends the whole object, the source skips to the offset.
   const std::string file = test::read_file(test::fixture_path("dtypes.tensors"));
   std::string mid(1000, '\0');
@@ -94,6 +97,9 @@ TEST(TransportHttpTest, ScatterReadsLandInEverySliceAndRangesAreChecked) {
   auto src = open_source(url + "/fixtures/dtypes.tensors");
   EXPECT_EQ(src->size(), file.size());
   EXPECT_EQ(src->preferred_readers(), 8);
+  EXPECT_EQ(src->max_readers(), 0);
+  EXPECT_EQ(readers_for(*src, 3), 3);
+  EXPECT_EQ(readers_for(*src, 0), 8);
   std::string a(7, '\0'), b(0, '\0'), c(100000, '\0'), d(1, '\0');
   IoSlice slices[] = {{a.data(), a.size()}, {b.data(), 0}, {c.data(), c.size()}, {d.data(), 1}};
   src->read_scatter(12345, slices, 4);
