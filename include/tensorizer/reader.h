@@ -174,7 +174,7 @@ class Reader {
   // the load then wrote into; 0 before such a load, or when none was mapped.
   uint64_t host_bytes_premapped() const;
 
-  struct Impl;  // opaque; defined in reader.cc
+  struct Impl;  // opaque; defined in src/engine/reader_impl.h
 
  private:
   friend std::shared_ptr<engine::HostBlock> engine::take_warm_block(Reader&, size_t);
