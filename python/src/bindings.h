@@ -29,6 +29,9 @@ std::unique_ptr<tensorizer::Source> source_from_python(
     nb::handle obj, const tensorizer::TransportOptions& transport);
 std::unique_ptr<tensorizer::Sink> sink_from_python(nb::handle obj,
                                                    const tensorizer::TransportOptions& transport);
+// A source's or sink's URI for Python: a local file's name is any bytes, and the bytes that are not
+// UTF-8 come back as os.fsdecode gives them (surrogates), so the str opens the same file.
+nb::str uri_to_python(const std::string& uri);
 // The engine Source behind a _C.Source, or behind an object whose `_engine_source` is one; null
 // for anything else.
 std::shared_ptr<tensorizer::Source> engine_source_of(nb::handle obj);

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <string_view>
 
 #include "bindings.h"
 #include "tensorizer/dtype.h"
@@ -69,7 +70,14 @@ void register_errors(nb::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const tensorizer::Error& e) {
-      PyErr_SetString(exception_for(e.code()), e.what());
+      // Messages may quote names that are not UTF-8 (a file name is any bytes): those bytes are
+      // shown escaped, where PyErr_SetString would raise a UnicodeDecodeError instead.
+      const std::string_view what = e.what();
+      PyObject* message = PyUnicode_DecodeUTF8(what.data(), static_cast<Py_ssize_t>(what.size()),
+                                               "backslashreplace");
+      if (!message) return;  // the decode error stands
+      PyErr_SetObject(exception_for(e.code()), message);
+      Py_DECREF(message);
     }
   });
   m.def("error_code_name", [](int code) {

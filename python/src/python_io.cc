@@ -214,17 +214,39 @@ class PyFileSink final : public tensorizer::Sink {
 
 bool is_int(nb::handle obj) { return PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr()); }
 
-// str, bytes or os.PathLike as a str path (os.fsdecode); nullopt for anything else.
+// str, bytes or os.PathLike as the path's bytes (os.fsencode: any name Linux allows, UTF-8 or
+// not); nullopt for anything else. A NUL byte is refused, as open() refuses it: the system calls
+// would read the path only up to it, another file.
 std::optional<std::string> fs_path(nb::handle obj) {
   if (!nb::isinstance<nb::str>(obj) && !nb::isinstance<nb::bytes>(obj) &&
       !PyObject_HasAttrString(obj.ptr(), "__fspath__"))
     return std::nullopt;
-  return nb::cast<std::string>(nb::module_::import_("os").attr("fsdecode")(obj));
+  nb::object encoded = nb::module_::import_("os").attr("fsencode")(obj);
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(encoded.ptr(), &data, &size) != 0) throw nb::python_error();
+  std::string path(data, static_cast<size_t>(size));
+  if (path.find('\0') != std::string::npos) throw nb::value_error("embedded null byte in path");
+  return path;
 }
 
 // A path the engine reads as a local file whatever it looks like.
 std::string local_uri(const std::string& path) {
   return path.find("://") == std::string::npos ? path : "file://" + path;
+}
+
+// A str names a URI or a local path. One that is not UTF-8 (os.fsdecode keeps a name's undecodable
+// bytes as surrogates) can only be a path, and is opened by its bytes.
+std::string str_uri(nb::handle obj) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+  if (!data) {
+    PyErr_Clear();
+    return local_uri(*fs_path(obj));
+  }
+  std::string uri(data, static_cast<size_t>(size));
+  if (uri.find('\0') != std::string::npos) throw nb::value_error("embedded null byte in path");
+  return uri;
 }
 
 // The file object's name for messages: its `name` when that is a non-empty path, else <Type>.
@@ -284,12 +306,18 @@ std::unique_ptr<tensorizer::Source> open_uri(const std::string& uri,
 
 }  // namespace
 
+nb::str uri_to_python(const std::string& uri) {
+  PyObject* s = PyUnicode_DecodeFSDefaultAndSize(uri.data(), static_cast<Py_ssize_t>(uri.size()));
+  if (!s) throw nb::python_error();
+  return nb::steal<nb::str>(s);
+}
+
 std::unique_ptr<tensorizer::Source> source_from_python(
     nb::handle obj, const tensorizer::TransportOptions& transport) {
   // A stream's engine source, shared: the Reader owns "its" source while the stream keeps working.
   if (std::shared_ptr<tensorizer::Source> shared = engine_source_of(obj))
     return std::make_unique<tensorizer::ForwardingSource>(std::move(shared));
-  if (nb::isinstance<nb::str>(obj)) return open_uri(nb::cast<std::string>(obj), transport);
+  if (nb::isinstance<nb::str>(obj)) return open_uri(str_uri(obj), transport);
   if (std::optional<std::string> path = fs_path(obj)) return open_uri(local_uri(*path), transport);
   if (is_int(obj))
     return open_uri("/proc/self/fd/" + std::to_string(nb::cast<int>(obj)), transport);
@@ -308,7 +336,7 @@ std::unique_ptr<tensorizer::Sink> sink_from_python(nb::handle obj,
                                                    const tensorizer::TransportOptions& transport) {
   std::string uri;
   if (nb::isinstance<nb::str>(obj)) {
-    uri = nb::cast<std::string>(obj);
+    uri = str_uri(obj);
   } else if (std::optional<std::string> path = fs_path(obj)) {
     uri = local_uri(*path);
   } else if (is_int(obj)) {

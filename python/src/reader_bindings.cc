@@ -385,7 +385,7 @@ void register_reader(nb::module_& m) {
       .def("verify_all", &PyReader::verify_all, nb::arg("num_workers") = 0)
       .def("close", &PyReader::close)
       .def_prop_ro("closed", &PyReader::closed)
-      .def_prop_ro("uri", [](PyReader& r) { return r.get().uri(); })
+      .def_prop_ro("uri", [](PyReader& r) { return uri_to_python(r.get().uri()); })
       .def_prop_ro("version", [](PyReader& r) { return r.get().header().version; })
       .def_prop_ro(
           "format",

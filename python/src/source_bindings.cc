@@ -166,7 +166,7 @@ void register_source(nb::module_& m) {
                      nb::gil_scoped_release release;
                      return src.size();
                    })
-      .def_prop_ro("uri", [](PySource& s) { return s.get().uri(); })
+      .def_prop_ro("uri", [](PySource& s) { return uri_to_python(s.get().uri()); })
       .def_prop_ro("bytes_read", [](PySource& s) { return s.get().bytes_read(); });
   nb::class_<PySink>(m, "Sink")
       .def_static("open", &PySink::open, nb::arg("target"), nb::arg("transport"),
@@ -176,7 +176,7 @@ void register_source(nb::module_& m) {
       .def("commit", &PySink::commit, "Publishes what was written; closes the sink.")
       .def("abort", &PySink::abort, "Discards what was written; closes the sink.")
       .def_prop_ro("closed", &PySink::closed)
-      .def_prop_ro("uri", [](PySink& s) { return s.get().uri(); });
+      .def_prop_ro("uri", [](PySink& s) { return uri_to_python(s.get().uri()); });
   m.def("upload_file", &upload_file, nb::arg("path"), nb::arg("uri"), nb::arg("transport"),
         "Copies a local file to `uri` through the engine (e.g. an S3 upload); returns the bytes "
         "copied.");

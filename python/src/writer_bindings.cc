@@ -198,7 +198,7 @@ void register_writer(nb::module_& m) {
       .def("close", &PyWriter::close)
       .def("abort", &PyWriter::abort)
       .def_prop_ro("closed", &PyWriter::closed)
-      .def_prop_ro("uri", [](PyWriter& w) { return w.get().uri(); })
+      .def_prop_ro("uri", [](PyWriter& w) { return uri_to_python(w.get().uri()); })
       .def_prop_ro("version", [](PyWriter& w) { return w.get().header().version; })
       .def_prop_ro("flags", [](PyWriter& w) { return w.get().header().flags; })
       .def_prop_ro("tensor_size", [](PyWriter& w) { return w.get().header().tensor_size; })

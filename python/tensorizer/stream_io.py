@@ -121,6 +121,14 @@ def _transport_options(
     return options
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _seek_target(pos: int, offset: int, whence: int, end: Optional[int]) -> int:
     """The position a seek moves to; `end` None: the stream has no end to seek from yet."""
     if whence == io.SEEK_SET:
@@ -389,6 +397,8 @@ def open_stream(
     del s3_signature_version
     local_only = isinstance(path_uri, os.PathLike)
     path_uri = os.fsdecode(os.fspath(path_uri))
+    # A name that is not UTF-8 (os.fsdecode keeps its bytes as surrogates) is no URI.
+    local_only = local_only or not _is_utf8(path_uri)
     normalized_mode = "".join(sorted(mode))
     transport = None if local_only else _C.transport_info(path_uri)
 
