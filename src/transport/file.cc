@@ -29,6 +29,13 @@ std::string errno_text(int err) { return std::strerror(err); }
        what + " '" + path + "': " + errno_text(err));
 }
 
+// The system calls read a path up to its first NUL byte: one inside it would name another file.
+void check_no_nul(const std::string& path) {
+  if (path.find('\0') != std::string::npos)
+    fail(ErrorCode::kInvalidArgument,
+         "embedded null byte in path '" + path.substr(0, path.find('\0')) + "\\0...'");
+}
+
 constexpr size_t kMaxIov = 512;
 
 // Advances a slice list by `n` bytes, for partial transfers.
@@ -168,6 +175,7 @@ void write_all_at(int fd, uint64_t offset, const IoSlice* slices, size_t count,
 }
 
 std::unique_ptr<Source> open_file_source(const std::string& path) {
+  check_no_nul(path);
   auto fd = std::make_shared<SharedFd>();
   fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd->fd < 0) fail_errno("cannot open", path, errno);
@@ -178,6 +186,7 @@ std::unique_ptr<Source> open_file_source(const std::string& path) {
 }
 
 std::unique_ptr<Sink> open_file_sink(const std::string& path, const FileOptions& options) {
+  check_no_nul(path);
   return std::make_unique<FileSink>(path, options);
 }
 

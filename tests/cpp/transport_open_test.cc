@@ -3,6 +3,10 @@
 // connects.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "tensorizer/error.h"
 #include "tensorizer/transport.h"
 
@@ -52,6 +56,24 @@ TEST(TransportOpen, UnservedSchemesAndReadOnlySinksAreRefusedByName) {
     open_sink("https://user:secret@h/m");
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << "credentials redacted";
+  }
+}
+
+TEST(TransportOpen, ANulByteInALocalPathIsRefused) {
+  // open(2) would stop at the NUL and open "/tmp" (or create a file there): another file.
+  const std::string path("/tmp\0/x.tensors", 15);
+  for (const auto& open :
+       std::vector<std::function<void()>>{[&] { open_source(path); }, [&] { open_sink(path); },
+                                          [&] { open_source("file://" + path); }}) {
+    try {
+      open();
+      ADD_FAILURE() << "opened a path with a NUL byte";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("embedded null byte in path '/tmp\\0...'"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
