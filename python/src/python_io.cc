@@ -215,8 +215,7 @@ class PyFileSink final : public tensorizer::Sink {
 bool is_int(nb::handle obj) { return PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr()); }
 
 // str, bytes or os.PathLike as the path's bytes (os.fsencode: any name Linux allows, UTF-8 or
-// not); nullopt for anything else. A NUL byte is refused, as open() refuses it: the system calls
-// would read the path only up to it, another file.
+// not); nullopt for anything else. (A NUL byte in it is the file transport's error.)
 std::optional<std::string> fs_path(nb::handle obj) {
   if (!nb::isinstance<nb::str>(obj) && !nb::isinstance<nb::bytes>(obj) &&
       !PyObject_HasAttrString(obj.ptr(), "__fspath__"))
@@ -225,9 +224,7 @@ std::optional<std::string> fs_path(nb::handle obj) {
   char* data = nullptr;
   Py_ssize_t size = 0;
   if (PyBytes_AsStringAndSize(encoded.ptr(), &data, &size) != 0) throw nb::python_error();
-  std::string path(data, static_cast<size_t>(size));
-  if (path.find('\0') != std::string::npos) throw nb::value_error("embedded null byte in path");
-  return path;
+  return std::string(data, static_cast<size_t>(size));
 }
 
 // A path the engine reads as a local file whatever it looks like.
@@ -244,9 +241,7 @@ std::string str_uri(nb::handle obj) {
     PyErr_Clear();
     return local_uri(*fs_path(obj));
   }
-  std::string uri(data, static_cast<size_t>(size));
-  if (uri.find('\0') != std::string::npos) throw nb::value_error("embedded null byte in path");
-  return uri;
+  return std::string(data, static_cast<size_t>(size));
 }
 
 // The file object's name for messages: its `name` when that is a non-empty path, else <Type>.
