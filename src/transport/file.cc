@@ -2,7 +2,10 @@
 //
 // Reads use preadv(2) straight into the caller's slices (one copy, kernel to destination).
 // Writes go to a private file beside the target, published over it on commit (temp_file.h), so
-// the final path never holds a partial file and a killed writer leaves nothing behind.
+// the final path never holds a partial file and a killed writer leaves nothing behind. A symbolic
+// link is followed, as open(2) follows it: the link stays and the file it names is replaced. A
+// device (/dev/null) is written in place, as open(2) would; a directory, FIFO or socket, which
+// the writer cannot seek in, is refused before anything is written.
 #include "transport/file.h"
 
 #include <fcntl.h>
@@ -14,7 +17,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
+#include <utility>
 
 #include "tensorizer/error.h"
 #include "transport/temp_file.h"
@@ -134,30 +139,74 @@ class FileSource final : public Source {
   uint64_t size_;
 };
 
+// The path a write to `path` lands on: symbolic links followed (relative ones from their own
+// directory), the last one even when what it names does not exist yet, as open(O_CREAT) does.
+std::string followed_links(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path at(path);
+  for (int hops = 0; hops < 40; ++hops) {  // Linux's own bound (ELOOP)
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(at, ec))) return at.string();
+    const fs::path target = fs::read_symlink(at, ec);
+    if (ec) return at.string();
+    at = target.is_absolute() ? target : at.parent_path() / target;
+  }
+  fail_errno("cannot write", path, ELOOP);
+}
+
 class FileSink final : public Sink {
  public:
   FileSink(std::string path, const FileOptions& options)
-      : path_(std::move(path)), sync_(options.sync_on_commit), file_(path_, options.unnamed_temp) {}
+      : path_(std::move(path)), sync_(options.sync_on_commit) {
+    const std::string target = followed_links(path_);
+    struct stat st {};
+    if (::stat(target.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {
+      file_.emplace(target, options.unnamed_temp);
+      return;
+    }
+    if (S_ISDIR(st.st_mode)) fail(ErrorCode::kInvalidArgument, "'" + path_ + "' is a directory");
+    if (!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode))
+      fail(ErrorCode::kInvalidArgument,
+           "'" + path_ + "' is a FIFO or socket: a writer needs a file it can seek in");
+    device_fd_ = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+    if (device_fd_ < 0) fail_errno("cannot open", path_, errno);
+  }
   ~FileSink() override { abort(); }
 
   void write_gather(uint64_t offset, const IoSlice* slices, size_t count) override {
-    if (file_.fd() < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
-    write_all_at(file_.fd(), offset, slices, count, path_);
+    if (fd() < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
+    write_all_at(fd(), offset, slices, count, path_);
   }
 
   void reserve(uint64_t size) override {
-    if (file_.fd() >= 0 && size > 0)
-      (void)::posix_fallocate(file_.fd(), 0, static_cast<off_t>(size));
+    if (file_ && file_->fd() >= 0 && size > 0)
+      (void)::posix_fallocate(file_->fd(), 0, static_cast<off_t>(size));
   }
 
-  void commit() override { file_.publish(sync_); }
-  void abort() override { file_.discard(); }
+  void commit() override {
+    if (file_) return file_->publish(sync_);
+    if (device_fd_ < 0) fail(ErrorCode::kIO, "'" + path_ + "' was already committed or aborted");
+    const int fd = std::exchange(device_fd_, -1);
+    if (sync_ && ::fsync(fd) != 0 && errno != EINVAL) {  // EINVAL: a device with nothing to sync
+      const int err = errno;
+      ::close(fd);
+      fail_errno("fsync failed for", path_, err);
+    }
+    if (::close(fd) != 0) fail_errno("close failed for", path_, errno);
+  }
+  void abort() override {
+    if (file_) file_->discard();
+    if (device_fd_ >= 0) ::close(std::exchange(device_fd_, -1));
+  }
   const std::string& uri() const override { return path_; }
 
  private:
+  int fd() const { return file_ ? file_->fd() : device_fd_; }
+
   std::string path_;
   bool sync_;
-  TempFile file_;
+  std::optional<TempFile> file_;  // a regular file (or none yet): written beside, published whole
+  int device_fd_ = -1;            // a device: written in place
 };
 
 }  // namespace

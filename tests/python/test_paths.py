@@ -77,3 +77,18 @@ def test_cli_json_names_a_file_that_is_not_utf8_as_os_fsdecode_does(tmp_path):
     shown = json.loads(run.stdout)  # valid JSON although the name is not UTF-8
     assert shown["uri"] == os.fsdecode(raw) and os.path.exists(shown["uri"])
     assert [t["name"] for t in shown["tensors"]] == list(STATE)
+
+
+def test_a_symbolic_link_is_written_through_and_a_directory_refused(tmp_path):
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "abc").write_bytes(b"old")
+    link = tmp_path / "model.tensors"
+    link.symlink_to("blobs/abc")  # as a Hugging Face snapshot links its blobs
+    with TensorSerializer(str(link)) as s:
+        s.write_state_dict(STATE)
+    assert link.is_symlink() and os.readlink(link) == "blobs/abc"
+    with TensorDeserializer(tmp_path / "blobs" / "abc", device="cpu") as d:
+        check(d)
+    with pytest.raises(ValueError, match="is a directory"):
+        TensorSerializer(str(tmp_path / "blobs"))
+    assert sorted(os.listdir(tmp_path / "blobs")) == ["abc"]

@@ -1,0 +1,129 @@
+// Where a local write lands (src/transport/file.cc): through symbolic links to the file they name
+// (the links stay), in place on a device (its node stays a device: /dev/null must never become a
+// regular file), and not at all on a directory, FIFO or socket, refused before anything is
+// written and without waiting for a FIFO's reader. Device nodes are made in a temp dir (mknod
+// needs root; skipped without it), so a regression replaces those, never the system's.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tensorizer/error.h"
+#include "tensorizer/transport.h"
+#include "test_util.h"
+
+namespace tensorizer {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void write_through_sink(const std::string& uri, const std::string& bytes) {
+  auto sink = open_sink(uri);
+  sink->write_at(0, bytes.data(), bytes.size());
+  sink->commit();
+}
+
+void expect_refused(const std::string& uri, const std::string& expected) {
+  try {
+    open_sink(uri);
+    ADD_FAILURE() << "opened " << uri;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
+}
+
+TEST(FileSinkTest, ASymbolicLinkIsFollowedAndStays) {
+  test::TempDir dir;
+  fs::create_directory(dir.path("blobs"));
+  std::ofstream(dir.path("blobs/abc")) << "old";
+  fs::create_symlink("blobs/abc", dir.path("model.tensors"));  // relative, from the link's dir
+  fs::create_symlink("model.tensors", dir.path("alias"));      // a chain of two
+  write_through_sink(dir.path("alias"), "new bytes");
+  EXPECT_TRUE(fs::is_symlink(dir.path("alias")));
+  EXPECT_TRUE(fs::is_symlink(dir.path("model.tensors")));
+  EXPECT_EQ(test::read_file(dir.path("blobs/abc")), "new bytes");
+  EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"alias", "blobs", "model.tensors"}));
+  EXPECT_EQ(listing(dir.path("blobs")), std::vector<std::string>{"abc"});
+
+  // A link to a file not made yet: the file is made where the link points.
+  fs::create_symlink("blobs/later", dir.path("dangling"));
+  write_through_sink(dir.path("dangling"), "made");
+  EXPECT_TRUE(fs::is_symlink(dir.path("dangling")));
+  EXPECT_EQ(test::read_file(dir.path("blobs/later")), "made");
+
+  // A loop fails with a clear error, not a hang.
+  fs::create_symlink("loop_b", dir.path("loop_a"));
+  fs::create_symlink("loop_a", dir.path("loop_b"));
+  try {
+    open_sink(dir.path("loop_a"));
+    ADD_FAILURE() << "opened a symlink loop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("symbolic links"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FileSinkTest, ADeviceIsWrittenInPlaceAndStaysADevice) {
+  test::TempDir dir;
+  const std::string null_dev = dir.path("null"), full_dev = dir.path("full");
+  if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0 ||
+      ::mknod(full_dev.c_str(), S_IFCHR | 0666, makedev(1, 7)) != 0)
+    GTEST_SKIP() << "mknod: " << std::strerror(errno);
+  fs::create_symlink("null", dir.path("via_link"));
+  for (const std::string& uri : {null_dev, dir.path("via_link")}) {
+    write_through_sink(uri, std::string(1 << 20, 'x'));
+    EXPECT_TRUE(fs::is_character_file(null_dev)) << uri;
+  }
+  // /dev/full refuses every write: the error names the path, and the node is still the device.
+  auto sink = open_sink(full_dev);
+  try {
+    sink->write_at(0, "bytes", 5);
+    ADD_FAILURE() << "wrote to /dev/full";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIO);
+    EXPECT_NE(std::string(e.what()).find(full_dev), std::string::npos) << e.what();
+  }
+  sink->abort();
+  EXPECT_TRUE(fs::is_character_file(full_dev));
+  EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"full", "null", "via_link"}));
+}
+
+TEST(FileSinkTest, DirectoriesFifosAndSocketsAreRefusedBeforeAnyWrite) {
+  test::TempDir dir;
+  fs::create_directory(dir.path("a_dir"));
+  expect_refused(dir.path("a_dir"), "is a directory");
+  ASSERT_EQ(::mkfifo(dir.path("fifo").c_str(), 0644), 0);
+  expect_refused(dir.path("fifo"), "FIFO or socket");  // no reader: opening it would wait
+  const int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock = dir.path("sock");
+  ASSERT_LT(sock.size(), sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size());
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  expect_refused(sock, "FIFO or socket");
+  ::close(s);
+  EXPECT_TRUE(fs::is_directory(dir.path("a_dir")) && fs::is_fifo(dir.path("fifo")) &&
+              fs::is_socket(sock));
+  EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"a_dir", "fifo", "sock"}));
+}
+
+}  // namespace
+}  // namespace tensorizer
