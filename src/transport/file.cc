@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -101,6 +102,21 @@ struct SharedFd {
     if (fd >= 0) ::close(fd);
   }
 };
+
+std::string read_to_end(int fd, const std::string& path) {
+  std::string bytes;
+  size_t used = 0;
+  for (;;) {
+    if (used == bytes.size()) bytes.resize(std::max<size_t>(bytes.size() * 2, 1 << 20));
+    const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_errno("reading", path, errno);
+    if (n == 0) break;
+    used += static_cast<size_t>(n);
+  }
+  bytes.resize(used);
+  return bytes;
+}
 
 class FileSource final : public Source {
  public:
@@ -231,6 +247,10 @@ std::unique_ptr<Source> open_file_source(const std::string& path) {
   struct stat st {};
   if (::fstat(fd->fd, &st) != 0) fail_errno("cannot stat", path, errno);
   if (S_ISDIR(st.st_mode)) fail(ErrorCode::kInvalidArgument, "'" + path + "' is a directory");
+  // A pipe (/dev/stdin fed by another process, a FIFO) has no size and no offsets: it is read to
+  // its end into memory, as the Python layer reads a pipe it is handed as a file object.
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+    return make_memory_source(std::make_shared<const std::string>(read_to_end(fd->fd, path)), path);
   return std::make_unique<FileSource>(std::move(fd), path, static_cast<uint64_t>(st.st_size));
 }
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -92,3 +93,22 @@ def test_a_symbolic_link_is_written_through_and_a_directory_refused(tmp_path):
     with pytest.raises(ValueError, match="is a directory"):
         TensorSerializer(str(tmp_path / "blobs"))
     assert sorted(os.listdir(tmp_path / "blobs")) == ["abc"]
+
+
+def test_dev_stdin_fed_by_a_pipe_loads(tmp_path):
+    path = tmp_path / "m.tensors"
+    with TensorSerializer(str(path)) as s:
+        s.write_state_dict(STATE)
+    script = (
+        "import torch, sys\n"
+        "from tensorizer import TensorDeserializer\n"
+        "d = TensorDeserializer('/dev/stdin', device='cpu', verify_hash=True)\n"
+        "print(sorted(d.keys()), int(d['a'].sum()), float(d['b'].sum()))\n"
+    )
+    with open(path, "rb") as f:
+        cat = subprocess.Popen(["cat"], stdin=f, stdout=subprocess.PIPE)  # stdin is a pipe, not the file
+        run = subprocess.run([sys.executable, "-c", script], stdin=cat.stdout, capture_output=True, text=True)
+        cat.stdout.close()
+        cat.wait()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["['a',", "'b']", "45", "30.0"]

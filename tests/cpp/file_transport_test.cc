@@ -1,8 +1,9 @@
-// Where a local write lands (src/transport/file.cc): through symbolic links to the file they name
-// (the links stay), in place on a device (its node stays a device: /dev/null must never become a
-// regular file), and not at all on a directory, FIFO or socket, refused before anything is
-// written and without waiting for a FIFO's reader. Device nodes are made in a temp dir (mknod
-// needs root; skipped without it), so a regression replaces those, never the system's.
+// Local files beyond the regular case (src/transport/file.cc). Writes land through symbolic links
+// on the file they name (the links stay), in place on a device (its node stays a device: /dev/null
+// must never become a regular file), and not at all on a directory, FIFO or socket, refused before
+// anything is written and without waiting for a FIFO's reader. Device nodes are made in a temp dir
+// (mknod needs root; skipped without it), so a regression replaces those, never the system's.
+// Reads of a FIFO (a shell pipe as /dev/stdin) take the stream to its end and load from it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -16,9 +17,11 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensorizer/error.h"
+#include "tensorizer/reader.h"
 #include "tensorizer/transport.h"
 #include "test_util.h"
 
@@ -50,7 +53,7 @@ void expect_refused(const std::string& uri, const std::string& expected) {
   }
 }
 
-TEST(FileSinkTest, ASymbolicLinkIsFollowedAndStays) {
+TEST(FileTransportTest, ASymbolicLinkIsFollowedAndStays) {
   test::TempDir dir;
   fs::create_directory(dir.path("blobs"));
   std::ofstream(dir.path("blobs/abc")) << "old";
@@ -80,7 +83,7 @@ TEST(FileSinkTest, ASymbolicLinkIsFollowedAndStays) {
   }
 }
 
-TEST(FileSinkTest, ADeviceIsWrittenInPlaceAndStaysADevice) {
+TEST(FileTransportTest, ADeviceIsWrittenInPlaceAndStaysADevice) {
   test::TempDir dir;
   const std::string null_dev = dir.path("null"), full_dev = dir.path("full");
   if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0 ||
@@ -105,7 +108,7 @@ TEST(FileSinkTest, ADeviceIsWrittenInPlaceAndStaysADevice) {
   EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"full", "null", "via_link"}));
 }
 
-TEST(FileSinkTest, DirectoriesFifosAndSocketsAreRefusedBeforeAnyWrite) {
+TEST(FileTransportTest, DirectoriesFifosAndSocketsAreRefusedBeforeAnyWrite) {
   test::TempDir dir;
   fs::create_directory(dir.path("a_dir"));
   expect_refused(dir.path("a_dir"), "is a directory");
@@ -123,6 +126,32 @@ TEST(FileSinkTest, DirectoriesFifosAndSocketsAreRefusedBeforeAnyWrite) {
   EXPECT_TRUE(fs::is_directory(dir.path("a_dir")) && fs::is_fifo(dir.path("fifo")) &&
               fs::is_socket(sock));
   EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"a_dir", "fifo", "sock"}));
+}
+
+TEST(FileTransportTest, AFifoIsReadToItsEndAndLoads) {
+  test::TempDir dir;
+  const std::string fifo = dir.path("pipe.tensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string name = test::unencrypted_fixtures().front();
+  const std::string bytes = test::read_file(test::fixture_path(name));
+  std::thread writer([&] {  // as `cat model.tensors > pipe.tensors` would
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    for (size_t off = 0; off < bytes.size();) {
+      const ssize_t n = ::write(fd, bytes.data() + off, std::min<size_t>(bytes.size() - off, 4096));
+      ASSERT_GT(n, 0);
+      off += static_cast<size_t>(n);
+    }
+    ::close(fd);
+  });
+  auto piped = Reader::open(fifo);
+  writer.join();
+  EXPECT_EQ(piped->source().size(), bytes.size());
+  EXPECT_EQ(piped->uri(), fifo);
+  auto file = Reader::open(test::fixture_path(name));
+  LoadOptions verify;
+  verify.verify_hash = true;
+  EXPECT_EQ(test::load_entries(*piped, verify), test::load_entries(*file, verify));
 }
 
 }  // namespace
