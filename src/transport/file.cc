@@ -1,6 +1,7 @@
 // Local file transport: pread/preadv for reads, a temporary file plus rename for writes.
 //
-// Reads use preadv(2) straight into the caller's slices (one copy, kernel to destination).
+// Reads use preadv(2) straight into the caller's slices (one copy, kernel to destination); a FIFO,
+// which has no offsets, is read to its end into memory first.
 // Writes go to a private file beside the target, published over it on commit (temp_file.h), so
 // the final path never holds a partial file and a killed writer leaves nothing behind. A symbolic
 // link is followed, as open(2) follows it: the link stays and the file it names is replaced. A
@@ -103,6 +104,7 @@ struct SharedFd {
   }
 };
 
+// Everything a pipe delivers until its writer closes it.
 std::string read_to_end(int fd, const std::string& path) {
   std::string bytes;
   size_t used = 0;
