@@ -32,10 +32,12 @@ struct MappedTensor {
 // any route reading the file itself needs).
 bool plain_local(Reader& reader, const IndexEntry& entry);
 
-// The alignment a tensor's bytes need to be handed out where they lie: 64 bytes in a .tensors
-// file (where this library's writer puts every tensor), the element size in a safetensors file
-// (whose format aligns only its buffer, to 8 bytes, and whose own loaders hand out such views).
-uint64_t view_alignment(Reader& reader, const IndexEntry& entry);
+// The alignment a tensor's bytes need to be handed out where they lie: its element size, all a
+// torch tensor needs (safetensors aligns only its buffer, to 8 bytes, and its own loaders hand out
+// such views; the reference's .tensors files align nothing, and hold about half of their tensors
+// at their element size by chance). This library's writer puts every tensor at 64 bytes (4096 for
+// large ones), so tensors of the files it writes come out 64-byte aligned.
+uint64_t view_alignment(const IndexEntry& entry);
 
 // Whether map_tensors() can serve this entry of this reader (plain_local and view-aligned).
 bool can_map(Reader& reader, size_t entry);

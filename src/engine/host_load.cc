@@ -19,7 +19,7 @@ namespace {
 
 using engine::HostBlock;
 
-constexpr uint64_t kAlignment = 64;             // where every result starts
+constexpr uint64_t kAlignment = 64;             // where copied results start, and direct ones moved
 constexpr uint64_t kDirectPiece = 16ull << 20;  // one direct read
 constexpr uint64_t kMaxRunGap = 1ull << 20;     // skip gaps larger than this between direct reads
 constexpr double kMappedIfResident = 0.5;       // map a tensor when more than this is cached
@@ -36,18 +36,22 @@ constexpr int kMaxDirectReads = 16;
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+// Whether the tensor's bytes can be handed out where they lie (view_alignment: its element size).
+bool aligned_in_place(const IndexEntry& e) { return e.data_offset % view_alignment(e) == 0; }
+
 // Whether the tensor's data can be moved down to a 64-byte boundary without touching the
 // previous tensor (only its own header lies below it).
 bool can_move_down(const IndexEntry& e) { return e.data_offset % kAlignment <= e.header_size(); }
 
-// Whether the direct route can serve the tensor: its data can be moved to a 64-byte boundary,
-// or is aligned enough where it lies (view_alignment: safetensors).
+// Whether the direct route can serve the tensor: its data is aligned enough where it lies, or can
+// be moved to a 64-byte boundary.
 bool can_direct(Reader& r, const IndexEntry& e) {
-  return plain_local(r, e) && (can_move_down(e) || e.data_offset % view_alignment(r, e) == 0);
+  return plain_local(r, e) && (aligned_in_place(e) || can_move_down(e));
 }
 
 // Reads runs of neighbouring tensors with O_DIRECT into one anonymous block; then, per tensor,
-// parses its header from the block, moves its data to a 64-byte boundary and checks hashes.
+// parses its header from the block, moves its data to a 64-byte boundary when it lies off its
+// element size, and checks hashes.
 void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<size_t>& entries,
                  const LoadOptions& opt, std::vector<HostTensor>& out,
                  const std::vector<size_t>& slots) {
@@ -111,8 +115,10 @@ void load_direct(Reader& r, const engine::DirectFile& file, const std::vector<si
     const uint8_t* header = at + (e.header_offset - run.begin);
     r.adopt_header(entry, {reinterpret_cast<const char*>(header), e.header_size()});
     uint8_t* data = at + (e.data_offset - run.begin);
+    // The block holds the file's bytes at their offset modulo the direct I/O alignment, so data
+    // aligned in the file is aligned in memory.
     uint8_t* dest =
-        can_move_down(e) ? at + (align_down(e.data_offset, kAlignment) - run.begin) : data;
+        aligned_in_place(e) ? data : at + (align_down(e.data_offset, kAlignment) - run.begin);
     if (dest != data) std::memmove(dest, data, e.data_length);  // over its own header only
     if (opt.verify_hash) engine::verify_tensor(r, entry, dest);
     out[slots[k]] = {entry, dest, e.data_length, LoadedVia::kDirect,

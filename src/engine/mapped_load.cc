@@ -20,7 +20,6 @@
 namespace tensorizer {
 namespace {
 
-constexpr uint64_t kDataAlignment = 64;
 constexpr uint64_t kPmdBytes = 2ull << 20;  // what one page-table entry maps for a huge folio
 
 }  // namespace
@@ -30,15 +29,12 @@ bool plain_local(Reader& reader, const IndexEntry& e) {
          e.data_length > 0 && e.data_length == e.expected_bytes();
 }
 
-uint64_t view_alignment(Reader& reader, const IndexEntry& e) {
-  return reader.format() == FileFormat::kSafetensors ? std::max<uint64_t>(e.itemsize(), 1)
-                                                     : kDataAlignment;
-}
+uint64_t view_alignment(const IndexEntry& e) { return std::max<uint64_t>(e.itemsize(), 1); }
 
 bool can_map(Reader& reader, size_t entry) {
   if (entry >= reader.entries().size()) return false;
   const IndexEntry& e = reader.entries()[entry];
-  return plain_local(reader, e) && e.data_offset % view_alignment(reader, e) == 0;
+  return plain_local(reader, e) && e.data_offset % view_alignment(e) == 0;
 }
 
 std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>& entries,

@@ -5,6 +5,7 @@ and mapped tensors survive what users do to files: delete, replace by rename, cl
 
 import gc
 import hashlib
+import math
 import os
 import shutil
 
@@ -195,8 +196,9 @@ def test_verify_hash_catches_a_flipped_byte_on_every_route(written, route):
 
 @pytest.mark.parametrize("state", ["cached", "cold"])
 def test_reference_written_unaligned_file(tmp_path, state):
-    """The reference stores data at unaligned offsets: cached, those tensors are copied; cold, they
-    are read direct and moved to aligned memory. Same bytes, hashes checked, either way."""
+    """The reference stores data at arbitrary offsets: cached, the tensors that lie at their element
+    size are mapped and the others copied; cold, all are read direct and the others moved to
+    64-byte boundaries. Same bytes, hashes checked, every tensor at its element size."""
     import json
 
     manifest = json.loads((REF_DIR / "manifest.json").read_text())
@@ -206,14 +208,23 @@ def test_reference_written_unaligned_file(tmp_path, state):
     with TensorDeserializer(str(path), device="cpu", verify_hash=True) as d:
         flat = {name if isinstance(name, str) else tuple(name): t for _, _, name, t in d.read_tensors()}
         routes = _routes(d)
+        # Non-empty tensors: whether each lies at its element size in the file.
+        in_place = {
+            p.normalize_(): e.data_offset % (e.data_length // math.prod(e.shape)) == 0
+            for p, e in d._metadata.items()
+            if e.data_length and math.prod(e.shape)
+        }
     for t in manifest["files"]["dtypes.tensors"]["tensors"]:
         name = t["name"] if isinstance(t["name"], str) else tuple(t["name"])
         assert hashlib.sha256(tensor_bytes(flat[name])).hexdigest() == t["sha256"], name
-        assert flat[name].data_ptr() % 64 == 0 or flat[name].numel() == 0, name
+        assert flat[name].data_ptr() % flat[name].element_size() == 0 or flat[name].numel() == 0, name
+    loaded = {p: routes[p] for p in in_place}
+    assert all(in_place[p] for p, via in loaded.items() if via == "mapped")
     if state == "cold" and _direct_io_works(path):
-        assert "direct" in routes.values()
+        assert "direct" in loaded.values()  # (the pages the open read are cached: those map or copy)
     else:
-        assert "direct" not in routes.values()
+        assert {p: via == "mapped" for p, via in loaded.items()} == in_place
+        assert set(loaded.values()) == {"mapped", "copied"}  # the fixture has tensors of both kinds
 
 
 def test_encrypted_file_is_copied():
