@@ -34,9 +34,10 @@ bool plain_local(Reader& reader, const IndexEntry& entry);
 
 // The alignment a tensor's bytes need to be handed out where they lie: its element size, all a
 // torch tensor needs (safetensors aligns only its buffer, to 8 bytes, and its own loaders hand out
-// such views; the reference's .tensors files align nothing, and hold about half of their tensors
-// at their element size by chance). This library's writer puts every tensor at 64 bytes (4096 for
-// large ones), so tensors of the files it writes come out 64-byte aligned.
+// such views; the reference's .tensors files align nothing, and hold by chance about half their
+// 16-bit tensors at their element size, a quarter of the 32-bit ones). This library's writer puts
+// every tensor at 64 bytes (4096 for large ones), so tensors of the files it writes come out
+// 64-byte aligned.
 uint64_t view_alignment(const IndexEntry& entry);
 
 // Whether map_tensors() can serve this entry of this reader (plain_local and view-aligned).
