@@ -30,13 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> listing(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 void write_through_sink(const std::string& uri, const std::string& bytes) {
   auto sink = open_sink(uri);
   sink->write_at(0, bytes.data(), bytes.size());
@@ -63,8 +56,9 @@ TEST(FileTransportTest, ASymbolicLinkIsFollowedAndStays) {
   EXPECT_TRUE(fs::is_symlink(dir.path("alias")));
   EXPECT_TRUE(fs::is_symlink(dir.path("model.tensors")));
   EXPECT_EQ(test::read_file(dir.path("blobs/abc")), "new bytes");
-  EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"alias", "blobs", "model.tensors"}));
-  EXPECT_EQ(listing(dir.path("blobs")), std::vector<std::string>{"abc"});
+  EXPECT_EQ(test::dir_names(dir.path(".")),
+            (std::vector<std::string>{"alias", "blobs", "model.tensors"}));
+  EXPECT_EQ(test::dir_names(dir.path("blobs")), std::vector<std::string>{"abc"});
 
   // A link to a file not made yet: the file is made where the link points.
   fs::create_symlink("blobs/later", dir.path("dangling"));
@@ -105,7 +99,7 @@ TEST(FileTransportTest, ADeviceIsWrittenInPlaceAndStaysADevice) {
   }
   sink->abort();
   EXPECT_TRUE(fs::is_character_file(full_dev));
-  EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"full", "null", "via_link"}));
+  EXPECT_EQ(test::dir_names(dir.path(".")), (std::vector<std::string>{"full", "null", "via_link"}));
 }
 
 TEST(FileTransportTest, DirectoriesFifosAndSocketsAreRefusedBeforeAnyWrite) {
@@ -125,7 +119,7 @@ TEST(FileTransportTest, DirectoriesFifosAndSocketsAreRefusedBeforeAnyWrite) {
   ::close(s);
   EXPECT_TRUE(fs::is_directory(dir.path("a_dir")) && fs::is_fifo(dir.path("fifo")) &&
               fs::is_socket(sock));
-  EXPECT_EQ(listing(dir.path(".")), (std::vector<std::string>{"a_dir", "fifo", "sock"}));
+  EXPECT_EQ(test::dir_names(dir.path(".")), (std::vector<std::string>{"a_dir", "fifo", "sock"}));
 }
 
 TEST(FileTransportTest, AFifoIsReadToItsEndAndLoads) {

@@ -158,12 +158,6 @@ void expect_file_holds(const std::string& path, const std::vector<const Batch*>&
 
 uint32_t file_version(const std::string& path) { return Reader::open(path)->header().version; }
 
-std::vector<std::string> dir_entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  return out;
-}
-
 // ---- Dtypes and shapes ------------------------------------------------------------------------
 
 TEST(RoundTripTest, EveryDtype) {
@@ -627,7 +621,7 @@ TEST(PartialFileTest, FailedWriteLeavesNothing) {
     }  // destroyed after the failure
     EXPECT_FALSE(fs::exists(path));
   }
-  EXPECT_TRUE(dir_entries(dir.path("")).empty()) << "temporary files are removed";
+  EXPECT_TRUE(test::dir_names(dir.path("")).empty()) << "temporary files are removed";
 }
 
 TEST(PartialFileTest, AbortLeavesTheOldFile) {
@@ -648,7 +642,7 @@ TEST(PartialFileTest, AbortLeavesTheOldFile) {
     w->abort();
   }
   EXPECT_EQ(test::read_file(path), "previous content");
-  EXPECT_EQ(dir_entries(dir.path("")), std::vector<std::string>{"a.tensors"});
+  EXPECT_EQ(test::dir_names(dir.path("")), std::vector<std::string>{"a.tensors"});
 }
 
 TEST(PartialFileTest, DestroyedWriterPublishesCompletedWrites) {
@@ -687,7 +681,7 @@ TEST(PartialFileTest, CrashMidWriteLeavesNoFileAtTheFinalPath) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_FALSE(fs::exists(path));
-    for (const auto& name : dir_entries(dir.path("")))
+    for (const auto& name : test::dir_names(dir.path("")))
       EXPECT_NE(name, "c" + std::to_string(crash_at) + ".tensors");
   }
 }

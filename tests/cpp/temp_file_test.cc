@@ -23,13 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> listing(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 void put(int fd, const std::string& bytes) {
   ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
 }
@@ -48,7 +41,7 @@ TEST_P(TempFileTest, TheDestinationIsTheOldFileUntilPublishedAndTheNewOneAfter) 
     TempFile f(dest, GetParam());
     put(f.fd(), "new bytes");
     EXPECT_EQ(test::read_file(dest), "old");
-    const auto names = listing(dir.path("."));
+    const auto names = test::dir_names(dir.path("."));
     if (f.unnamed()) {
       EXPECT_EQ(names, std::vector<std::string>{"model.tensors"});
     } else {
@@ -59,14 +52,14 @@ TEST_P(TempFileTest, TheDestinationIsTheOldFileUntilPublishedAndTheNewOneAfter) 
     EXPECT_THROW(f.publish(false), Error);
   }
   EXPECT_EQ(test::read_file(dest), "new bytes");
-  EXPECT_EQ(listing(dir.path(".")), std::vector<std::string>{"model.tensors"});
+  EXPECT_EQ(test::dir_names(dir.path(".")), std::vector<std::string>{"model.tensors"});
 
   {
     TempFile f(dest, GetParam());
     put(f.fd(), "discarded");
   }  // dropped unpublished
   EXPECT_EQ(test::read_file(dest), "new bytes");
-  EXPECT_EQ(listing(dir.path(".")), std::vector<std::string>{"model.tensors"});
+  EXPECT_EQ(test::dir_names(dir.path(".")), std::vector<std::string>{"model.tensors"});
 }
 
 TEST_P(TempFileTest, AKilledWriterLeavesNothingOnceTheNextWriteRan) {
@@ -84,13 +77,13 @@ TEST_P(TempFileTest, AKilledWriterLeavesNothingOnceTheNextWriteRan) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_FALSE(fs::exists(dest));
-  const size_t left = listing(dir.path("sub")).size();
+  const size_t left = test::dir_names(dir.path("sub")).size();
   EXPECT_LE(left, 1u);  // nothing (unnamed) or the dead writer's hidden file
 
   TempFile next(dest, GetParam());
   put(next.fd(), "whole");
   next.publish(false);
-  EXPECT_EQ(listing(dir.path("sub")), std::vector<std::string>{"model.tensors"});
+  EXPECT_EQ(test::dir_names(dir.path("sub")), std::vector<std::string>{"model.tensors"});
   EXPECT_EQ(test::read_file(dest), "whole");
 }
 
@@ -106,7 +99,7 @@ TEST(TempFileSweep, RemovesOnlyUnlockedTempFilesOfTheRightShape) {
   fs::create_directory(d + "/.g.tmp-7");
   fs::create_symlink(d + "/f.tensors", d + "/.h.tmp-8");
   TempFile live(d + "/live.tensors", /*unnamed=*/false);  // sweeps the two dead ones first
-  std::vector<std::string> names = listing(d);
+  std::vector<std::string> names = test::dir_names(d);
   ASSERT_EQ(names.size(), 7u);
   EXPECT_EQ(names[4].rfind(".live.tensors.tmp-", 0), 0u) << names[4];
   names[4] = "(live)";

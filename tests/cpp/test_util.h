@@ -37,6 +37,8 @@ void write_sample_tensors(const std::string& path, const std::vector<SampleTenso
 
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
+// The names in a directory, sorted.
+std::vector<std::string> dir_names(const std::string& dir);
 std::string sha256_hex(const void* data, size_t size);
 
 // A fresh directory under the system temp dir, removed with the object.
