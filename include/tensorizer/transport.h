@@ -221,6 +221,10 @@ struct FileOptions {
   // leaves nothing); false, or where it has none: a hidden ".NAME.tmp-N" file beside the target,
   // removed by the next write into that directory if its writer died.
   bool unnamed_temp = true;
+  // A FIFO given as a path to read (/dev/stdin fed by a pipe) is read whole into memory, at most
+  // this much; more is an error. 0 (default, unless $TENSORIZER_PIPE_MAX_GIB): the memory
+  // available when it is opened.
+  uint64_t max_pipe_bytes = gib_from_env("TENSORIZER_PIPE_MAX_GIB");
 };
 
 // A local cache of remote objects (HTTP(S) and S3 objects that have an ETag or Last-Modified

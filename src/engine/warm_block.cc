@@ -1,13 +1,10 @@
 // Host memory mapped while a remote open waits for its first answer (see warm_block.h).
 #include "engine/warm_block.h"
 
-#include <unistd.h>
-
-#include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 
+#include "common/available_memory.h"
 #include "engine/prefault.h"
 #include "tensorizer/cancel.h"
 #include "tensorizer/error.h"
@@ -77,14 +74,6 @@ std::shared_ptr<HostBlock> WarmBlock::take(size_t size) {
   return nullptr;
 }
 
-uint64_t warm_block_limit() {
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string line; std::getline(meminfo, line);) {
-    unsigned long long kib = 0;
-    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1) return kib * 1024 / 2;
-  }
-  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2 : 0;
-}
+uint64_t warm_block_limit() { return available_memory_bytes() / 2; }
 
 }  // namespace tensorizer::engine

@@ -256,7 +256,7 @@ std::unique_ptr<Source> open_cached_source(std::unique_ptr<Source> remote,
       file.publish(/*sync=*/false);
       fetched = true;
     }
-    local = open_file_source(entry);
+    local = open_file_source(entry, FileOptions{});
   }
   if (fetched) evict(cache.dir, uri_hex, entry, bound);
   return std::make_unique<CachedSource>(std::move(local), remote->uri(), remote->cache_status());

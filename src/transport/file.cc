@@ -19,10 +19,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <random>
 #include <utility>
 
+#include "common/available_memory.h"
 #include "tensorizer/error.h"
 #include "transport/temp_file.h"
 
@@ -104,17 +106,24 @@ struct SharedFd {
   }
 };
 
-// Everything a pipe delivers until its writer closes it.
-std::string read_to_end(int fd, const std::string& path) {
+// Everything a pipe delivers until its writer closes it, at most `limit` bytes (more is an error).
+std::string read_to_end(int fd, const std::string& path, uint64_t limit) {
   std::string bytes;
   size_t used = 0;
   for (;;) {
-    if (used == bytes.size()) bytes.resize(std::max<size_t>(bytes.size() * 2, 1 << 20));
+    if (used == bytes.size())
+      bytes.resize(std::min<uint64_t>(std::max<size_t>(bytes.size() * 2, 1 << 20), limit + 1));
     const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail_errno("reading", path, errno);
     if (n == 0) break;
     used += static_cast<size_t>(n);
+    if (used > limit)
+      fail(ErrorCode::kInvalidArgument,
+           "'" + path + "' is a pipe, read whole into memory, and it delivered more than " +
+               std::to_string(limit) +
+               " bytes (FileOptions::max_pipe_bytes, $TENSORIZER_PIPE_MAX_GIB; default: the "
+               "memory available): save it to a file first");
   }
   bytes.resize(used);
   return bytes;
@@ -241,7 +250,7 @@ void write_all_at(int fd, uint64_t offset, const IoSlice* slices, size_t count,
       "writing", what, total);
 }
 
-std::unique_ptr<Source> open_file_source(const std::string& path) {
+std::unique_ptr<Source> open_file_source(const std::string& path, const FileOptions& options) {
   check_no_nul(path);
   auto fd = std::make_shared<SharedFd>();
   fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -251,8 +260,12 @@ std::unique_ptr<Source> open_file_source(const std::string& path) {
   if (S_ISDIR(st.st_mode)) fail(ErrorCode::kInvalidArgument, "'" + path + "' is a directory");
   // A pipe (/dev/stdin fed by another process, a FIFO) has no size and no offsets: it is read to
   // its end into memory, as the Python layer reads a pipe it is handed as a file object.
-  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
-    return make_memory_source(std::make_shared<const std::string>(read_to_end(fd->fd, path)), path);
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    uint64_t limit = options.max_pipe_bytes ? options.max_pipe_bytes : available_memory_bytes();
+    if (limit == 0) limit = std::numeric_limits<uint64_t>::max() - 1;  // nothing says how much
+    return make_memory_source(std::make_shared<const std::string>(read_to_end(fd->fd, path, limit)),
+                              path);
+  }
   return std::make_unique<FileSource>(std::move(fd), path, static_cast<uint64_t>(st.st_size));
 }
 

@@ -5,7 +5,7 @@
 
 namespace tensorizer {
 
-std::unique_ptr<Source> open_file_source(const std::string& path);
+std::unique_ptr<Source> open_file_source(const std::string& path, const FileOptions& options);
 std::unique_ptr<Sink> open_file_sink(const std::string& path, const FileOptions& options);
 
 // Writes every byte of `slices` to `fd` at `offset` (pwritev until done); errors name `what`.

@@ -43,8 +43,8 @@ std::unique_ptr<Source> open_http(const std::string& uri, const TransportOptions
 
 const Scheme kSchemes[] = {
     {"file",
-     [](const std::string& uri, const TransportOptions&) {
-       return open_file_source(uri.substr(7));
+     [](const std::string& uri, const TransportOptions& o) {
+       return open_file_source(uri.substr(7), o.file);
      },
      [](const std::string& uri, const TransportOptions& o) {
        return open_file_sink(uri.substr(7), o.file);
@@ -96,7 +96,7 @@ const Scheme* find_scheme(const std::string& name) {
 
 std::unique_ptr<Source> open_source(const std::string& uri, const TransportOptions& options) {
   const std::string scheme = scheme_of(uri);
-  if (scheme.empty()) return open_file_source(uri);
+  if (scheme.empty()) return open_file_source(uri, options.file);
   const Scheme* s = find_scheme(scheme);
   if (!s) unsupported(scheme, uri, "read");
   if (s->cacheable && !options.cache.dir.empty()) {

@@ -3,9 +3,11 @@
 // must never become a regular file), and not at all on a directory, FIFO or socket, refused before
 // anything is written and without waiting for a FIFO's reader. Device nodes are made in a temp dir
 // (mknod needs root; skipped without it), so a regression replaces those, never the system's.
-// Reads of a FIFO (a shell pipe as /dev/stdin) take the stream to its end and load from it.
+// Reads of a FIFO (a shell pipe as /dev/stdin) take the stream to its end and load from it, up to
+// a bound (FileOptions::max_pipe_bytes): an endless pipe is an error, not all of memory.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -146,6 +148,32 @@ TEST(FileTransportTest, AFifoIsReadToItsEndAndLoads) {
   LoadOptions verify;
   verify.verify_hash = true;
   EXPECT_EQ(test::load_entries(*piped, verify), test::load_entries(*file, verify));
+}
+
+TEST(FileTransportTest, APipeLongerThanTheBoundIsAnErrorNamingIt) {
+  test::TempDir dir;
+  const std::string fifo = dir.path("endless");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const auto previous = ::signal(SIGPIPE, SIG_IGN);  // the writer outlives its reader
+  std::thread writer([&] {  // as `yes > endless` would: more than any bound
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+    const std::string chunk(64 << 10, 'y');
+    while (fd >= 0 && ::write(fd, chunk.data(), chunk.size()) > 0) {
+    }
+    if (fd >= 0) ::close(fd);
+  });
+  TransportOptions options;
+  options.file.max_pipe_bytes = 3 << 20;
+  try {
+    open_source(fifo, options);
+    ADD_FAILURE() << "read an endless pipe";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("more than 3145728 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TENSORIZER_PIPE_MAX_GIB"), std::string::npos) << e.what();
+  }
+  writer.join();  // its write failed (EPIPE) once the source was gone
+  ::signal(SIGPIPE, previous);
 }
 
 }  // namespace
