@@ -227,6 +227,13 @@ struct FileOptions {
   uint64_t max_pipe_bytes = gib_from_env("TENSORIZER_PIPE_MAX_GIB");
 };
 
+// The most a pipe read whole into memory (a FIFO path; a pipe handed to Python as a file object)
+// may hold: options.max_pipe_bytes, else the memory available now.
+uint64_t pipe_read_bound(const FileOptions& options);
+// Throws kInvalidArgument, naming the bound and how to set it, once `bytes` read from the pipe
+// `what` exceed `bound`.
+void check_pipe_read(uint64_t bytes, uint64_t bound, const std::string& what);
+
 // A local cache of remote objects (HTTP(S) and S3 objects that have an ETag or Last-Modified
 // date): opening one fetches it whole into `dir` once, streaming, and later opens of the same
 // version read the local copy (a local file: the mapped route). See src/transport/cache.cc.

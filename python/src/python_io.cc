@@ -319,12 +319,21 @@ std::unique_ptr<tensorizer::Source> source_from_python(
   const int fd = regular_fd(obj);
   if (fd >= 0) return open_uri(path_for_fd(obj, fd), transport);
   if (seekable(obj)) return std::make_unique<PyFileSource>(nb::borrow(obj), file_label(obj));
-  // A pipe or another one-way stream: only a copy in memory gives random access.
-  nb::object data = obj.attr("read")();
-  if (!nb::isinstance<nb::bytes>(data)) data = nb::module_::import_("builtins").attr("bytes")(data);
-  nb::bytes b = nb::cast<nb::bytes>(data);
-  auto copy = std::make_shared<const std::string>(b.c_str(), b.size());
-  return tensorizer::make_memory_source(std::move(copy), file_label(obj));
+  // A pipe or another one-way stream: only a copy in memory gives random access, bounded as a FIFO
+  // path is (tensorizer::pipe_read_bound).
+  const std::string label = file_label(obj);
+  const uint64_t bound = tensorizer::pipe_read_bound(transport.file);
+  auto copy = std::make_shared<std::string>();
+  nb::object read = obj.attr("read"), to_bytes = nb::module_::import_("builtins").attr("bytes");
+  for (;;) {
+    nb::object data = read(size_t{1} << 20);
+    if (!nb::isinstance<nb::bytes>(data)) data = to_bytes(data);
+    nb::bytes b = nb::cast<nb::bytes>(data);
+    if (b.size() == 0) break;
+    copy->append(b.c_str(), b.size());
+    tensorizer::check_pipe_read(copy->size(), bound, label);
+  }
+  return tensorizer::make_memory_source(std::move(copy), label);
 }
 
 std::unique_ptr<tensorizer::Sink> sink_from_python(nb::handle obj,

@@ -106,24 +106,19 @@ struct SharedFd {
   }
 };
 
-// Everything a pipe delivers until its writer closes it, at most `limit` bytes (more is an error).
-std::string read_to_end(int fd, const std::string& path, uint64_t limit) {
+// Everything a pipe delivers until its writer closes it, at most `bound` bytes (check_pipe_read).
+std::string read_to_end(int fd, const std::string& path, uint64_t bound) {
   std::string bytes;
   size_t used = 0;
   for (;;) {
     if (used == bytes.size())
-      bytes.resize(std::min<uint64_t>(std::max<size_t>(bytes.size() * 2, 1 << 20), limit + 1));
+      bytes.resize(std::min<uint64_t>(std::max<size_t>(bytes.size() * 2, 1 << 20), bound + 1));
     const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail_errno("reading", path, errno);
     if (n == 0) break;
     used += static_cast<size_t>(n);
-    if (used > limit)
-      fail(ErrorCode::kInvalidArgument,
-           "'" + path + "' is a pipe, read whole into memory, and it delivered more than " +
-               std::to_string(limit) +
-               " bytes (FileOptions::max_pipe_bytes, $TENSORIZER_PIPE_MAX_GIB; default: the "
-               "memory available): save it to a file first");
+    check_pipe_read(used, bound, "'" + path + "'");
   }
   bytes.resize(used);
   return bytes;
@@ -261,12 +256,26 @@ std::unique_ptr<Source> open_file_source(const std::string& path, const FileOpti
   // A pipe (/dev/stdin fed by another process, a FIFO) has no size and no offsets: it is read to
   // its end into memory, as the Python layer reads a pipe it is handed as a file object.
   if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
-    uint64_t limit = options.max_pipe_bytes ? options.max_pipe_bytes : available_memory_bytes();
-    if (limit == 0) limit = std::numeric_limits<uint64_t>::max() - 1;  // nothing says how much
-    return make_memory_source(std::make_shared<const std::string>(read_to_end(fd->fd, path, limit)),
-                              path);
+    return make_memory_source(
+        std::make_shared<const std::string>(read_to_end(fd->fd, path, pipe_read_bound(options))),
+        path);
   }
   return std::make_unique<FileSource>(std::move(fd), path, static_cast<uint64_t>(st.st_size));
+}
+
+uint64_t pipe_read_bound(const FileOptions& options) {
+  if (options.max_pipe_bytes) return options.max_pipe_bytes;
+  const uint64_t available = available_memory_bytes();
+  return available ? available : std::numeric_limits<uint64_t>::max() - 1;  // nothing says
+}
+
+void check_pipe_read(uint64_t bytes, uint64_t bound, const std::string& what) {
+  if (bytes > bound)
+    fail(ErrorCode::kInvalidArgument,
+         what + " is a pipe, read whole into memory, and it delivered more than " +
+             std::to_string(bound) +
+             " bytes (FileOptions::max_pipe_bytes, $TENSORIZER_PIPE_MAX_GIB; default: the memory "
+             "available): save it to a file first");
 }
 
 std::unique_ptr<Sink> open_file_sink(const std::string& path, const FileOptions& options) {

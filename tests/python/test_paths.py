@@ -112,3 +112,16 @@ def test_dev_stdin_fed_by_a_pipe_loads(tmp_path):
         cat.wait()
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["['a',", "'b']", "45", "30.0"]
+
+
+@pytest.mark.parametrize("given", ["path", "file object"])
+def test_an_endless_pipe_is_an_error_naming_the_bound(monkeypatch, given):
+    monkeypatch.setenv("TENSORIZER_PIPE_MAX_GIB", "0.001")  # about 1 MiB
+    yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)  # never ends
+    try:
+        source = f"/proc/self/fd/{yes.stdout.fileno()}" if given == "path" else yes.stdout
+        with pytest.raises(ValueError, match=r"delivered more than 1073741 bytes .*TENSORIZER_PIPE_MAX_GIB"):
+            TensorDeserializer(source, device="cpu")
+    finally:
+        yes.kill()
+        yes.wait()
