@@ -86,7 +86,9 @@ void transfer_all(std::vector<iovec>& iov, uint64_t offset, Op op, const char* w
     ssize_t r = op(&iov[first], n, offset + done);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0)
-      fail_errno(std::string(what) + " at offset " + std::to_string(offset + done), path, errno);
+      fail(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIO,
+           std::string(what) + " '" + path + "' at offset " + std::to_string(offset + done) + ": " +
+               errno_text(errno));
     if (r == 0)
       fail(ErrorCode::kFormat, std::string(what) + " '" + path +
                                    "': unexpected end of file at offset " +
