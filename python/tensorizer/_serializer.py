@@ -47,6 +47,8 @@ def _tensor_request(path, tensor_type: int, idx: int, tensor: Any) -> _Request:
     if isinstance(tensor, torch.Tensor):
         if tensor.is_quantized or tensor.dtype in _dtypes.QUANTIZED:
             raise NotImplementedError(f"Serialization for {tensor.dtype} is not implemented. (tensor {label!r})")
+        if tensor.is_nested:  # strided layout, but no single shape: torch's own error names neither
+            raise NotImplementedError(f"Cannot serialize nested tensor {label!r}: only dense tensors")
         if tensor.layout != torch.strided:
             raise NotImplementedError(f"Cannot serialize {tensor.layout} tensor {label!r}: only dense tensors")
         dtype = _dtypes.dtype_string(tensor.dtype)

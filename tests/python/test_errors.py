@@ -124,6 +124,8 @@ def test_write_errors(tmp_path):
         s.write_tensor(0, "a", TensorType.PARAM, [1, 2])
     with pytest.raises(NotImplementedError, match="sparse"):
         s.write_tensor(0, "sp", TensorType.PARAM, torch.eye(3).to_sparse())
+    with pytest.raises(NotImplementedError, match="nested tensor 'nt'"):
+        s.write_tensor(0, "nt", TensorType.PARAM, torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]))
     s.write_state_dict({"x": {"y": torch.ones(1)}})
     with pytest.raises(ValueError):
         s.write_state_dict({"x": torch.ones(1)})  # a leaf that is also a prefix
