@@ -308,6 +308,10 @@ void register_common(nb::module_& m) {
 
 NB_MODULE(_C, m) {
   m.doc() = "Private bindings of the tensorizer C++ engine; use the tensorizer package instead.";
+  // nanobind reports every bound object still alive when the module is torn down as a reference
+  // leak. At exit that is also a serializer or reader that a daemon thread (a server's, a
+  // framework's) still reaches through module globals: not a leak, and the report frightens users.
+  nanobind::set_leak_warnings(false);
   tzpy::register_errors(m);
   tzpy::register_common(m);
   tzpy::register_reader(m);

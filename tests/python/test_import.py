@@ -101,3 +101,31 @@ except AttributeError as e:
         "True True True",
         "module 'tensorizer' has no attribute 'no_such_name'",
     ]
+
+
+def test_objects_a_daemon_thread_still_reaches_at_exit_are_not_reported_as_leaks(tmp_path):
+    # A server's daemon thread keeps its handler class alive, and through the class's functions the
+    # module's globals, among them a serializer and a reader: they are alive when the extension is
+    # torn down, which nanobind would report as leaked instances on stderr.
+    script = """
+import sys, threading
+import torch
+from tensorizer import TensorDeserializer, TensorSerializer
+
+class Handler:
+    def run(self):
+        threading.Event().wait()
+
+serializer = TensorSerializer(sys.argv[1])
+serializer.write_state_dict({"a": torch.arange(5.0)})
+serializer.close()
+reader = TensorDeserializer(sys.argv[1], lazy_load=True)
+threading.Thread(target=Handler().run, daemon=True).start()
+print(reader["a"].tolist())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, tmp_path / "m.tensors"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "[0.0, 1.0, 2.0, 3.0, 4.0]\n"
+    assert out.stderr == ""
