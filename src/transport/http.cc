@@ -662,12 +662,19 @@ class HttpSource final : public Source {
                                  ": the object changed during the load (HTTP 412 Precondition "
                                  "Failed to " +
                                  validator() + ")");
-      if (a.meta.complete && status >= 300) {
+      // A redirect with a curl error: curl stopped following it (a loop, another scheme).
+      const bool redirect_refused = status >= 300 && status < 400 && a.code != CURLE_OK;
+      if (a.meta.complete && status >= 300 && !redirect_refused) {
         std::string text = net::describe_status(status, a.error_body, s_->target.s3);
         if (!net::retryable_status(status)) fail_status(status, text, offset, total, done);
         last_error = text;
       } else if (a.code != CURLE_OK) {
         last_error = net::curl_error_text(a.code, a.errbuf);
+        char* last_url = nullptr;  // where the redirects led
+        if (redirect_refused &&
+            net::getinfo(h.get(), CURLINFO_EFFECTIVE_URL, &last_url) == CURLE_OK && last_url)
+          last_error += " after a redirect (HTTP " + std::to_string(status) + ") to " +
+                        net::redact_url(last_url);
         if (!net::retryable(a.code))
           fail(ErrorCode::kIO, where(offset, total, done) + ": " + last_error);
       } else {

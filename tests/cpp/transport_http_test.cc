@@ -2,7 +2,8 @@
 // over http:// and https:// (CA file, CA dir, untrusted allowed) with 1 and 4 workers; a server
 // without range support works with one reader; 404 is kNotFound; an untrusted certificate and an
 // object replaced during a load are clear errors; reads land exactly in scatter slices; the ranged
-// GET size follows TransportOptions::read_bytes / TENSORIZER_READ_MIB; errors hide URL secrets.
+// GET size follows TransportOptions::read_bytes / TENSORIZER_READ_MIB; errors hide URL secrets;
+// redirects to http(s) are followed, a loop or another scheme is an error.
 #include <sys/stat.h>
 #include <utime.h>
 
@@ -71,6 +72,53 @@ TEST(TransportHttpTest, MissingObjectIsNotFound) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound) << e.what();
     EXPECT_NE(std::string(e.what()).find(uri), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("404"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TransportHttpTest, RedirectsAreFollowedOverHttpAndHttps) {
+  TZ_SERVER_ENV(redirect, "TZ_TEST_HTTP_REDIRECT_URL");
+  TZ_SERVER_ENV(ca, "TZ_TEST_CA_FILE");
+  TransportOptions t;
+  t.http.ca_file = ca;
+  for (int workers : {1, 4}) {
+    // 302 to the HTTP server, 301 to the HTTPS one, asked again by every request.
+    test::expect_fixture_loads(redirect + "/fixtures/dtypes.tensors", "dtypes.tensors", t, workers);
+    test::expect_fixture_loads(redirect + "/https/fixtures/module.tensors", "module.tensors", t,
+                               workers);
+  }
+  // Messages name the URI the caller gave.
+  const std::string missing = redirect + "/fixtures/no-such-file.tensors";
+  try {
+    Reader::open(missing);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + missing + "'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TransportHttpTest, ARedirectLoopOrToAnotherSchemeIsAnErrorWithoutRetries) {
+  TZ_SERVER_ENV(redirect, "TZ_TEST_HTTP_REDIRECT_URL");
+  for (const std::string path : {"/loop/fixtures/dtypes.tensors", "/ftp/fixtures/dtypes.tensors"}) {
+    SCOPED_TRACE(path);
+    const std::string uri = redirect + path;
+    try {
+      Reader::open(uri);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::kIO) << what;
+      EXPECT_NE(what.find("'" + uri + "'"), std::string::npos) << what;
+      // curl's reason ("Maximum (50) redirects followed", "Protocol "ftp" not supported"), and
+      // where the redirects led.
+      EXPECT_NE(what.find(path[1] == 'l' ? "redirects followed" : "Protocol \"ftp\""),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find(path[1] == 'l' ? "(HTTP 302) to http://" : "(HTTP 302) to ftp://"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find("attempts"), std::string::npos) << "not retried: " << what;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 """The Python API over the remote transports, against the real servers of scripts/with-servers.sh
 (nginx HTTP/HTTPS, moto S3, redis-server): TensorDeserializer over http://, https:// (CAInfo),
-s3:// and redis:// (eager and lazy, 1 and 4 readers) gives the manifest's bytes; TensorSerializer
-writes to s3:// (URI and open_stream) and redis://; to_redis stores the reference key layout.
+redirects, s3:// and redis:// (eager and lazy, 1 and 4 readers) gives the manifest's bytes;
+TensorSerializer writes to s3:// (URI and open_stream) and redis://; to_redis stores the reference key layout.
 
 Without the servers' TZ_TEST_* variables these tests skip, except under `make test`
 (TZ_REQUIRE_SERVERS=1), where they fail.
@@ -117,6 +117,21 @@ def test_stream_latencies_as_the_reference_reports_them():
         assert f.read(8) == (FIXTURES / "dtypes.tensors").read_bytes()[:8]
         assert 0 < f.setup_latency < 30
         assert len(f.response_latencies) == 1 and 0 < f.response_latencies[0] < 30
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_redirected_url_loads_and_reads_as_a_stream(lazy):
+    """A model hub's URL answers with a redirect to where the bytes are: loads and streams follow it
+    (302 to http, 301 to https) and keep the URL they were given."""
+    redirect, ca = server_env("TZ_TEST_HTTP_REDIRECT_URL", "TZ_TEST_CA_FILE")
+    uri = f"{redirect}/fixtures/dtypes.tensors"
+    with TensorDeserializer(uri, device="cpu", num_readers=4, lazy_load=lazy) as d:
+        expect_manifest(d, "dtypes.tensors")
+    handling = stream_io.CAInfo(cacert=ca)
+    with stream_io.open_stream(f"{redirect}/https/fixtures/dtypes.tensors", certificate_handling=handling) as f:
+        assert f.read() == (FIXTURES / "dtypes.tensors").read_bytes()
+    with pytest.raises(OSError, match=r"redirects"):
+        TensorDeserializer(f"{redirect}/loop/fixtures/dtypes.tensors", device="cpu")
 
 
 def test_http_404():
