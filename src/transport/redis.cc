@@ -1,5 +1,6 @@
-// Redis transport: the reference key layout of docs/format.md §4, `redis://host[:port]/prefix` (db
-// 0).
+// Redis transport: the reference key layout of docs/format.md §4,
+// `redis://[[user]:password@]host[:port]/prefix` (db 0; credentials sent with AUTH on every
+// connection and shown as *** in messages).
 //
 //   <prefix>:header:0                 file bytes [0, 73+M): prelude and index
 //   <prefix>:<name>:<header offset>   the tensor's header bytes
@@ -33,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -63,18 +65,46 @@ struct RedisAddress {
   std::string host;
   int port = 6379;
   std::string prefix;
-  std::string uri;
+  std::string user, password;  // AUTH after connecting, when a password was given
+  std::string uri;             // as given, the credentials replaced by *** (for messages)
 };
 
+// %XX escapes of a URI's user information decoded (a password may hold ':' or '@').
+std::string percent_decoded(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out.push_back(static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16)));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+// redis://[[user]:password@]host[:port]/prefix, as Redis clients write credentials: a password
+// alone authenticates the default user.
 RedisAddress parse_redis_uri(const std::string& uri) {
   RedisAddress a;
-  a.uri = uri;
   std::string rest = uri.substr(8);  // after "redis://"
   size_t slash = rest.find('/');
   std::string hostport = rest.substr(0, slash);
   a.prefix = slash == std::string::npos ? "" : rest.substr(slash + 1);
-  if (hostport.find('@') != std::string::npos)
-    fail(ErrorCode::kInvalidArgument, "redis URIs with credentials are not supported");
+  a.uri = uri;
+  if (const size_t at = hostport.rfind('@'); at != std::string::npos) {
+    const std::string userinfo = hostport.substr(0, at);
+    const size_t colon = userinfo.find(':');
+    if (colon == std::string::npos)
+      fail(ErrorCode::kInvalidArgument,
+           "'redis://***@" + rest.substr(at + 1) +
+               "' names a user without a password: write redis://user:password@host/prefix");
+    a.user = percent_decoded(userinfo.substr(0, colon));
+    a.password = percent_decoded(userinfo.substr(colon + 1));
+    hostport = hostport.substr(at + 1);
+    a.uri = "redis://***@" + rest.substr(at + 1);
+  }
   size_t colon = hostport.rfind(':');
   if (colon != std::string::npos) {
     a.host = hostport.substr(0, colon);
@@ -84,7 +114,8 @@ RedisAddress parse_redis_uri(const std::string& uri) {
   }
   if (a.host.empty()) a.host = "127.0.0.1";
   if (a.prefix.empty() || a.port <= 0 || a.port > 65535)
-    fail(ErrorCode::kInvalidArgument, "'" + uri + "' is not a redis://host[:port]/prefix URI");
+    fail(ErrorCode::kInvalidArgument,
+         "'" + a.uri + "' is not a redis://[[user]:password@]host[:port]/prefix URI");
   return a;
 }
 
@@ -105,26 +136,25 @@ timeval to_timeval(double s) {
   return tv;
 }
 
-// Connects (throws kIO naming the URI on failure); reads and writes time out after stall_timeout_s.
-Context connect(const RedisAddress& a, const RetryOptions& o) {
-  Context c(redisConnectWithTimeout(a.host.c_str(), a.port, to_timeval(o.connect_timeout_s)));
-  if (!c) fail(ErrorCode::kIO, "'" + a.uri + "': cannot allocate a Redis connection");
-  if (c->err) fail(ErrorCode::kIO, "'" + a.uri + "': cannot connect to Redis: " + c->errstr);
-  if (o.stall_timeout_s > 0) redisSetTimeout(c.get(), to_timeval(o.stall_timeout_s));
-  int buf = 16 << 20;
-  setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-  return c;
-}
-
-Reply command(redisContext* c, const RedisAddress& a, const std::vector<std::string>& args) {
+// One command's reply; null when the connection failed (c->err says why).
+Reply send(redisContext* c, const std::vector<std::string>& args) {
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   for (const auto& s : args) {
     argv.push_back(s.data());
     lens.push_back(s.size());
   }
-  Reply r(static_cast<redisReply*>(
+  return Reply(static_cast<redisReply*>(
       redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), lens.data())));
+}
+
+// Credentials the server refused: retrying cannot help, unlike a lost connection.
+struct AccessDenied : Error {
+  explicit AccessDenied(const std::string& message) : Error(ErrorCode::kIO, message) {}
+};
+
+Reply command(redisContext* c, const RedisAddress& a, const std::vector<std::string>& args) {
+  Reply r = send(c, args);
   if (!r)
     fail(ErrorCode::kIO,
          "'" + a.uri + "': Redis " + args[0] + " failed: " + (c->err ? c->errstr : "no reply"));
@@ -132,6 +162,30 @@ Reply command(redisContext* c, const RedisAddress& a, const std::vector<std::str
     fail(ErrorCode::kIO,
          "'" + a.uri + "': Redis " + args[0] + " failed: " + std::string(r->str, r->len));
   return r;
+}
+
+// Connects and authenticates when the URI holds credentials (throws kIO naming the URI on failure,
+// AccessDenied when the server refuses them); reads and writes time out after stall_timeout_s.
+Context connect(const RedisAddress& a, const RetryOptions& o) {
+  Context c(redisConnectWithTimeout(a.host.c_str(), a.port, to_timeval(o.connect_timeout_s)));
+  if (!c) fail(ErrorCode::kIO, "'" + a.uri + "': cannot allocate a Redis connection");
+  if (c->err) fail(ErrorCode::kIO, "'" + a.uri + "': cannot connect to Redis: " + c->errstr);
+  if (o.stall_timeout_s > 0) redisSetTimeout(c.get(), to_timeval(o.stall_timeout_s));
+  int buf = 16 << 20;
+  setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  if (!a.password.empty()) {
+    std::vector<std::string> auth{"AUTH"};
+    if (!a.user.empty()) auth.push_back(a.user);
+    auth.push_back(a.password);
+    Reply r = send(c.get(), auth);
+    if (!r)
+      fail(ErrorCode::kIO,
+           "'" + a.uri + "': Redis AUTH failed: " + (c->err ? c->errstr : "no reply"));
+    if (r->type == REDIS_REPLY_ERROR)
+      throw AccessDenied("'" + a.uri + "': Redis refused the credentials (" +
+                         std::string(r->str, r->len) + ")");
+  }
+  return c;
 }
 
 // Escapes glob characters so SCAN MATCH takes the prefix literally.
@@ -342,6 +396,8 @@ class RedisSource final : public Source {
     }
     try {
       return connect(s_->addr, s_->options);
+    } catch (const AccessDenied&) {
+      throw;
     } catch (const Error& e) {
       throw std::runtime_error(e.what());  // retryable here
     }
@@ -655,13 +711,15 @@ std::unique_ptr<Source> open_redis_source(const std::string& uri, const RetryOpt
       s->slices = list_slices(c.get(), s->addr);
       s->idle.push_back(std::move(c));
       break;
+    } catch (const AccessDenied&) {
+      throw;
     } catch (const Error& e) {
       if (c && !c->err) throw;  // an error reply or a bad layout, not a lost connection
       ++failures;
       const double idle = net::now_seconds() - since;
       if (failures > options.max_retries ||
           (options.stall_timeout_s > 0 && idle >= options.stall_timeout_s))
-        fail(ErrorCode::kIO, "listing the keys of '" + uri + "' gave up after " +
+        fail(ErrorCode::kIO, "listing the keys of '" + s->addr.uri + "' gave up after " +
                                  std::to_string(failures) + " failed attempts (last: " + e.what() +
                                  ")");
       double delay = net::backoff_delay(failures, options.retry_delay_s, -1);

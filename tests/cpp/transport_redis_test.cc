@@ -5,7 +5,8 @@
 // aborted write changes nothing, prefixes with glob characters are taken literally, a missing
 // prefix is kNotFound; a safetensors object (written, or copied from a file) is keyed by its parts
 // and reads back byte for byte, with no end marker; a tensor-sized key is read in 1 MiB GETRANGE
-// pieces, not one GET whose reply the server would buffer whole.
+// pieces, not one GET whose reply the server would buffer whole; credentials in the URI
+// authenticate (AUTH), a refused password is an error at once, and messages show them as ***.
 #include "remote_test_util.h"
 #include "tensorizer/safetensors_writer.h"
 
@@ -180,6 +181,53 @@ TEST(TransportRedisTest, PrefixWithGlobCharactersIsLiteral) {
   test::redis_store_reference_layout(r.c, base + "Ax11",
                                      test::read_file(test::fixture_path("dtypes.tensors")));
   EXPECT_TRUE(test::read_all(url + "/" + base + "*x[1]", {}) == file);
+}
+
+TEST(TransportRedisTest, CredentialsInTheUriAuthenticateAndNeverShowInMessages) {
+  TZ_SERVER_ENV(url, "TZ_TEST_REDIS_URL");
+  TZ_SERVER_ENV(user, "TZ_TEST_REDIS_USER");
+  TZ_SERVER_ENV(password, "TZ_TEST_REDIS_PASSWORD");  // holds ':' and '@': escaped below
+  ASSERT_EQ(password, "p:ss@word");
+  const std::string host = url.substr(std::string("redis://").size());
+  const std::string prefix = test::unique_name("auth");
+  const std::string with_user = "redis://" + user + ":p%3Ass%40word@" + host + "/" + prefix;
+  test::Model m = test::make_model(3 << 20);
+  {
+    auto w = Writer::open(with_user);
+    w->write(m.requests);
+    w->close();
+  }
+  test::expect_model(with_user, {}, m);
+  test::expect_model(url + "/" + prefix, {}, m);  // the same keys, read by the default user
+
+  const auto expect_refused = [&](const std::string& uri, ErrorCode code, const char* why) {
+    SCOPED_TRACE(uri);
+    try {
+      Reader::open(uri);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), code) << what;
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+      EXPECT_NE(what.find("redis://***@" + host), std::string::npos) << what;
+      for (const char* secret : {"ss@word", "ss%40word", "wrong", "tz-user"})
+        EXPECT_EQ(what.find(secret), std::string::npos) << secret << " in: " << what;
+      EXPECT_EQ(what.find("attempts"), std::string::npos) << "not retried: " << what;
+    }
+  };
+  // The server's reason (WRONGPASS), at once: a refused password is not a lost connection.
+  expect_refused("redis://" + user + ":wrong@" + host + "/" + prefix, ErrorCode::kIO,
+                 "refused the credentials (WRONGPASS");
+  // A password alone is the default user's, which has none here.
+  expect_refused("redis://:wrong@" + host + "/" + prefix, ErrorCode::kIO,
+                 "refused the credentials");
+  expect_refused("redis://" + user + "@" + host + "/" + prefix, ErrorCode::kInvalidArgument,
+                 "without a password");
+  // A writer refused changes nothing.
+  auto w = Writer::open("redis://" + user + ":wrong@" + host + "/" + prefix);
+  w->write(test::make_model(100).requests);
+  EXPECT_THROW(w->close(), Error);
+  test::expect_model(url + "/" + prefix, {}, m);
 }
 
 TEST(TransportRedisTest, MissingPrefixIsNotFound) {

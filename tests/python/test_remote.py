@@ -1,7 +1,8 @@
 """The Python API over the remote transports, against the real servers of scripts/with-servers.sh
 (nginx HTTP/HTTPS, moto S3, redis-server): TensorDeserializer over http://, https:// (CAInfo),
 redirects, s3:// and redis:// (eager and lazy, 1 and 4 readers) gives the manifest's bytes;
-TensorSerializer writes to s3:// (URI and open_stream) and redis://; to_redis stores the reference key layout.
+TensorSerializer writes to s3:// (URI and open_stream) and redis:// (credentials in the URI too);
+to_redis stores the reference key layout.
 
 Without the servers' TZ_TEST_* variables these tests skip, except under `make test`
 (TZ_REQUIRE_SERVERS=1), where they fail.
@@ -245,6 +246,27 @@ def test_serializer_straight_to_redis():
     s.close()
     with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
         expect_state_dict(d, sd)
+
+
+def test_redis_credentials_in_the_uri():
+    """redis://user:password@host/prefix authenticates every connection, for saves, loads and
+    streams; a refused password is an OSError naming the server's reason, never the password."""
+    url, user = server_env("TZ_TEST_REDIS_URL", "TZ_TEST_REDIS_USER")
+    host, prefix = url[len("redis://") :], f"py-{uuid.uuid4().hex}"
+    uri = f"redis://{user}:p%3Ass%40word@{host}/{prefix}"
+    sd = sample_state_dict()
+    s = TensorSerializer(uri)
+    s.write_state_dict(sd)
+    s.close()
+    with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
+        expect_state_dict(d, sd)
+    with stream_io.open_stream(uri) as f, stream_io.open_stream(f"{url}/{prefix}") as g:
+        assert f.read() == g.read()
+    wrong = f"redis://{user}:hunter2@{host}/{prefix}"
+    for attempt in (lambda: TensorDeserializer(wrong), lambda: stream_io.open_stream(wrong)):
+        with pytest.raises(OSError, match="refused the credentials") as err:
+            attempt()
+        assert "hunter2" not in str(err.value) and f"redis://***@{host}/{prefix}" in str(err.value)
 
 
 def chunked_source(tmp_path, monkeypatch):
