@@ -3,13 +3,31 @@
 // at once, and refused unless the calling thread made device 0 current, where the tests load), with
 // a switch that makes a chosen copy fail and counters the tests read. It lets the backend's
 // loading, binding, device scoping and error paths run where there is no GPU.
+//
+// No thread_local here: the sanitizers' leak check at exit (LSan) crashed now and then ("Tracer
+// caught signal 11") walking the dynamic TLS that the backend's exited workers had in this
+// dlopen'ed library. The current device is a pthread key's value instead.
+#include <pthread.h>
+
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace {
-thread_local int current_device = 0;
+pthread_key_t device_key;
+pthread_once_t device_key_once = PTHREAD_ONCE_INIT;
+int current_device() {
+  pthread_once(&device_key_once, [] { pthread_key_create(&device_key, nullptr); });
+  return static_cast<int>(reinterpret_cast<intptr_t>(pthread_getspecific(device_key)));
+}
+void set_current_device(int d) {
+  current_device();  // creates the key
+  pthread_setspecific(device_key, reinterpret_cast<void*>(static_cast<intptr_t>(d)));
+}
 std::atomic<int> copies{0};
 std::atomic<int> fail_at{0};  // 0: never
 std::atomic<int> live_host_allocs{0};
@@ -35,12 +53,12 @@ int cudaGetDeviceCount(int* n) {
   return 0;
 }
 int cudaGetDevice(int* d) {
-  *d = current_device;
+  *d = current_device();
   return 0;
 }
 int cudaSetDevice(int d) {
   if (d < 0 || d > 1) return kInvalidDevice;
-  current_device = d;
+  set_current_device(d);
   return 0;
 }
 int cudaHostAlloc(void** p, size_t n, unsigned) {
@@ -66,13 +84,13 @@ int cudaStreamDestroy(void* s) {
 int cudaStreamSynchronize(void*) { return 0; }
 int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void*) {
   if (kind != 4) return 1;  // the backend asks for cudaMemcpyDefault
-  if (current_device != 0) return kInvalidDevice;
+  if (current_device() != 0) return kInvalidDevice;
   if (++copies == fail_at) return kIllegalAddress;
   std::memcpy(dst, src, n);
   return 0;
 }
 int cudaMemsetAsync(void* dst, int value, size_t n, void*) {
-  if (current_device != 0) return kInvalidDevice;
+  if (current_device() != 0) return kInvalidDevice;
   std::memset(dst, value, n);
   return 0;
 }
@@ -89,8 +107,11 @@ int cudaEventDestroy(void* e) {
 int cudaEventRecord(void*, void*) { return 0; }
 int cudaEventSynchronize(void*) { return 0; }
 const char* cudaGetErrorString(int rc) {
-  static thread_local std::string s;
-  s = "fake CUDA error " + std::to_string(rc);
+  static std::mutex mu;
+  static std::map<int, std::string> texts;  // kept: callers hold the pointer
+  std::lock_guard<std::mutex> lock(mu);
+  std::string& s = texts[rc];
+  if (s.empty()) s = "fake CUDA error " + std::to_string(rc);
   return s.c_str();
 }
 
