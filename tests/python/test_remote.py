@@ -188,18 +188,23 @@ def expect_state_dict(d, sd):
         assert torch.equal(d[k], v), k
 
 
-def test_serializer_to_s3_uri_round_trips(monkeypatch):
-    endpoint, bucket = server_env("TZ_TEST_S3_ENDPOINT", "TZ_TEST_S3_BUCKET")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    uri = f"s3://{bucket}/py-{uuid.uuid4().hex}.tensors"
+def expect_round_trip(uri):
+    """sample_state_dict() saved to `uri` loads back exactly (4 readers)."""
     sd = sample_state_dict()
     s = TensorSerializer(uri)
     s.write_state_dict(sd)
     s.close()
     with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
         expect_state_dict(d, sd)
+
+
+def test_serializer_to_s3_uri_round_trips(monkeypatch):
+    endpoint, bucket = server_env("TZ_TEST_S3_ENDPOINT", "TZ_TEST_S3_BUCKET")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    uri = f"s3://{bucket}/py-{uuid.uuid4().hex}.tensors"
+    expect_round_trip(uri)
 
 
 def test_serializer_to_s3_open_stream_round_trips():
@@ -240,12 +245,7 @@ def test_to_redis_then_deserialize(name, num_readers, lazy):
 def test_serializer_straight_to_redis():
     (url,) = server_env("TZ_TEST_REDIS_URL")
     uri = f"{url}/py-{uuid.uuid4().hex}"
-    sd = sample_state_dict()
-    s = TensorSerializer(uri)
-    s.write_state_dict(sd)
-    s.close()
-    with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
-        expect_state_dict(d, sd)
+    expect_round_trip(uri)
 
 
 def test_redis_credentials_in_the_uri():
@@ -254,12 +254,7 @@ def test_redis_credentials_in_the_uri():
     url, user = server_env("TZ_TEST_REDIS_URL", "TZ_TEST_REDIS_USER")
     host, prefix = url[len("redis://") :], f"py-{uuid.uuid4().hex}"
     uri = f"redis://{user}:p%3Ass%40word@{host}/{prefix}"
-    sd = sample_state_dict()
-    s = TensorSerializer(uri)
-    s.write_state_dict(sd)
-    s.close()
-    with TensorDeserializer(uri, device="cpu", num_readers=4) as d:
-        expect_state_dict(d, sd)
+    expect_round_trip(uri)
     with stream_io.open_stream(uri) as f, stream_io.open_stream(f"{url}/{prefix}") as g:
         assert f.read() == g.read()
     wrong = f"redis://{user}:hunter2@{host}/{prefix}"
