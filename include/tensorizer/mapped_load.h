@@ -2,11 +2,14 @@
 //
 // For a local, unencrypted file, each selected tensor's data is mapped copy-on-write
 // (MAP_PRIVATE, so writing to a tensor never changes the file): no bytes are copied and no fresh
-// memory is zeroed. The tensors of one call are views of one mapping of the whole file (so the
-// kernel maps the page cache's large folios 2 MiB at a time); a thread of the mapping's own maps
-// their pages (MADV_POPULATE_READ) while the caller goes on to build its tensors, so the mapping
-// work (about 2 ms per GB) overlaps the caller's and first touches find the pages mapped. Dropping
-// a tensor gives back its pages, the last one stops that thread and unmaps the file.
+// memory is zeroed. The tensors are views of one mapping of the whole file (so the kernel maps
+// the page cache's large folios 2 MiB at a time), which the reader's later calls share while any
+// of its tensors lives, unless they ask for a tensor it already handed out (that one gets a mapping
+// of its own: two loads of a tensor never share memory). A thread of the mapping's own maps their
+// pages (MADV_POPULATE_READ) while the caller goes on to build its tensors, so the mapping work
+// (about 2 ms per GB) overlaps the caller's and first touches find the pages mapped; a call for
+// less than 4 MiB maps them itself. Dropping a tensor gives back its pages, the last one stops the
+// threads and unmaps the file.
 //
 // Contract: the file must not be truncated or rewritten in place while a mapping is alive
 // (the kernel would raise SIGBUS on access); files written by this library are replaced by

@@ -91,9 +91,11 @@ struct LoadedTensorInfo {
 };
 
 class Reader;
-namespace engine {  // engine internals (engine/warm_block.h)
+namespace engine {  // engine internals (engine/warm_block.h, engine/host_block.h)
 class HostBlock;
 std::shared_ptr<HostBlock> take_warm_block(Reader& reader, size_t size);
+std::shared_ptr<HostBlock> file_mapping_for(Reader& reader, size_t file_size,
+                                            const std::vector<size_t>& entries);
 }  // namespace engine
 
 class Reader {
@@ -178,6 +180,8 @@ class Reader {
 
  private:
   friend std::shared_ptr<engine::HostBlock> engine::take_warm_block(Reader&, size_t);
+  friend std::shared_ptr<engine::HostBlock> engine::file_mapping_for(Reader&, size_t,
+                                                                     const std::vector<size_t>&);
   explicit Reader(std::unique_ptr<Impl> impl);
   static std::unique_ptr<Reader> finish_open(std::unique_ptr<Impl> impl,
                                              std::unique_ptr<Source> source,

@@ -57,6 +57,7 @@ double Residency::fraction(const std::vector<std::pair<uint64_t, uint64_t>>& ran
   for (const auto& [offset, length] : ranges) total += length;
   if (!map_ || total == 0 || samples == 0) return 1.0;
   const uint64_t page = page_size();
+  samples = std::min(samples, std::max<uint64_t>(1, total / page));  // a page asked about once
   size_t range = 0, resident = 0;
   uint64_t before = 0;  // bytes of the ranges before ranges[range]
   for (uint64_t k = 0; k < samples; ++k) {

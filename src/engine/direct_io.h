@@ -23,7 +23,8 @@ class Residency {
   // 1 when the kernel cannot tell (then mapping is the safe guess).
   double fraction(uint64_t offset, uint64_t length) const;
   // Fraction of the byte ranges [offset, offset+length) taken end to end, judged from `samples`
-  // pages spread evenly over their total length (1 when the kernel cannot tell).
+  // pages spread evenly over their total length, at most one per page of it (1 when the kernel
+  // cannot tell).
   double fraction(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t samples) const;
   static constexpr uint64_t kSamples = 8;
 

@@ -44,15 +44,26 @@ std::shared_ptr<HostBlock> HostBlock::file_private(int fd, size_t size, const st
 }
 
 void HostBlock::map_in_background(const std::vector<std::pair<uint8_t*, size_t>>& ranges) {
-  prefault_ = std::make_unique<BackgroundPrefault>(ranges, BackgroundPrefault::Access::kRead);
+  std::erase_if(prefaults_, [](const auto& p) { return p->finished(); });  // joins them
+  size_t total = 0;
+  for (const auto& range : ranges) total += range.second;
+  if (total < kInlineMapBytes) {
+    const std::atomic<bool> never{false};
+    std::atomic<size_t> done{0};
+    for (const auto& [data, size] : ranges)
+      populate_pages(data, size, PageAccess::kRead, never, done);
+    return;
+  }
+  prefaults_.push_back(
+      std::make_unique<BackgroundPrefault>(ranges, BackgroundPrefault::Access::kRead));
 }
 
 void HostBlock::wait_mapped() {
-  if (prefault_) prefault_->wait();
+  for (auto& p : prefaults_) p->wait();
 }
 
 HostBlock::~HostBlock() {
-  prefault_.reset();  // stops at its next piece: nothing may map pages of an unmapped block
+  prefaults_.clear();  // each stops at its next piece: nothing may map pages of an unmapped block
   munmap(data_, size_);
 }
 

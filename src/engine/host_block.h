@@ -28,18 +28,25 @@ class HostBlock {
   HostBlock(const HostBlock&) = delete;
   HostBlock& operator=(const HostBlock&) = delete;
   uint8_t* data() const { return data_; }
-  // Maps the pages of each range (data, size) inside the block on a thread of its own (read-only:
-  // a file block's page cache pages, no copy), while the caller goes on; the block stops and joins
-  // it before it is unmapped. At most one such thread per block.
+  size_t size() const { return size_; }
+  // Maps the pages of each range (data, size) inside the block (read-only: a file block's page
+  // cache pages, no copy): on a thread of its own while the caller goes on, or, below
+  // kInlineMapBytes in all, right here (a thread would cost more than the mapping). The block
+  // stops and joins its threads before it is unmapped; a call joins those that have finished, so a
+  // block mapped piece by piece (lazy loads) holds no more threads than are still mapping.
   void map_in_background(const std::vector<std::pair<uint8_t*, size_t>>& ranges);
   // Waits for map_in_background to finish (tests).
   void wait_mapped();
+  // Threads kept (tests).
+  size_t mapping_threads() const { return prefaults_.size(); }
+
+  static constexpr size_t kInlineMapBytes = size_t{4} << 20;
 
  private:
   HostBlock(uint8_t* data, size_t size) : data_(data), size_(size) {}
   uint8_t* data_;
   size_t size_;
-  std::unique_ptr<BackgroundPrefault> prefault_;
+  std::vector<std::unique_ptr<BackgroundPrefault>> prefaults_;
 };
 
 // An owner for [data, data+size) inside `block`: when it goes, the 2 MiB pages wholly inside the

@@ -47,10 +47,11 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
   struct stat st;
   if (fstat(fd, &st) != 0)
     fail(ErrorCode::kIO, "cannot stat '" + reader.uri() + "': " + std::strerror(errno));
-  // One mapping of the whole file, shared by the tensors' views: mapped from offset 0 it lines up
-  // with the page cache's large folios, which the kernel then maps 2 MiB at a time.
-  auto block = engine::HostBlock::file_private(fd, static_cast<size_t>(st.st_size),
-                                               "'" + reader.uri() + "'");
+  // One mapping of the whole file, shared by the tensors' views, and by later calls while any of
+  // them lives (lazy loads, tensor by tensor, would otherwise hold a mapping each: a process may
+  // hold about 65,000): mapped from offset 0 it lines up with the page cache's large folios,
+  // which the kernel then maps 2 MiB at a time.
+  auto block = engine::file_mapping_for(reader, static_cast<size_t>(st.st_size), entries);
   std::vector<MappedTensor> out;
   out.reserve(entries.size());
   std::string header;  // one buffer for every header read: a fresh process pays for new pages
@@ -73,13 +74,17 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
 
   // Map the pages on a thread of the block's own while the caller builds its tensors, in the
   // merged tensor ranges widened to 2 MiB boundaries: a fault at the first page of a PMD-sized
-  // folio maps it whole, one in its middle only one page.
+  // folio maps it whole, one in its middle only one page. A small load (a lazy one's tensor) maps
+  // just its own pages, here: widened, each would map 2 MiB again.
+  uint64_t total = 0;
+  for (const MappedTensor& m : out) total += reader.entries()[m.entry].data_length;
+  const uint64_t widen = total < engine::HostBlock::kInlineMapBytes ? 1 : kPmdBytes;
   std::vector<std::pair<uint64_t, uint64_t>> spans;  // [begin, end) in the file
   for (const MappedTensor& m : out) {
     const IndexEntry& e = reader.entries()[m.entry];
-    const uint64_t b = e.data_offset / kPmdBytes * kPmdBytes;
+    const uint64_t b = e.data_offset / widen * widen;
     const uint64_t end =
-        std::min<uint64_t>((e.data_offset + e.data_length + kPmdBytes - 1) / kPmdBytes * kPmdBytes,
+        std::min<uint64_t>((e.data_offset + e.data_length + widen - 1) / widen * widen,
                            static_cast<uint64_t>(st.st_size));
     spans.push_back({b, end});
   }
@@ -91,9 +96,8 @@ std::vector<MappedTensor> map_tensors(Reader& reader, const std::vector<size_t>&
     ranges.push_back({block->data() + b, end - b});
   }
   block->map_in_background(ranges);
-  const int workers = default_workers(options.num_workers);
   if (options.verify_hash)
-    parallel_for(out.size(), workers,
+    parallel_for(out.size(), default_workers(options.num_workers),
                  [&](size_t t) { engine::verify_tensor(reader, out[t].entry, out[t].data); });
   return out;
 }

@@ -59,9 +59,13 @@ BackgroundPrefault::BackgroundPrefault(const std::vector<std::pair<uint8_t*, siz
   std::vector<std::pair<uint8_t*, size_t>> ranges;
   for (const auto& [data, size] : given)
     if (whole_pages(data, size).second > 0) ranges.emplace_back(data, size);
-  if (ranges.empty()) return;
+  if (ranges.empty()) {
+    finished_.store(true, std::memory_order_release);
+    return;
+  }
   thread_ = std::thread([this, access, ranges = std::move(ranges)] {
     for (const auto& [data, size] : ranges) populate_pages(data, size, access, stop_, done_);
+    finished_.store(true, std::memory_order_release);
   });
 }
 

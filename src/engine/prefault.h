@@ -50,6 +50,8 @@ class BackgroundPrefault {
   void stop() { stop_.store(true, std::memory_order_relaxed); }
   // Bytes mapped so far (tests).
   size_t done() const { return done_.load(std::memory_order_relaxed); }
+  // Whether the thread has ended (or none was started): wait() then returns at once.
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
   // Waits until every range is mapped (or the thread stopped).
   void wait() {
     if (thread_.joinable()) thread_.join();
@@ -58,6 +60,7 @@ class BackgroundPrefault {
  private:
   std::atomic<bool> stop_{false};
   std::atomic<size_t> done_{0};
+  std::atomic<bool> finished_{false};
   std::thread thread_;
 };
 

@@ -227,6 +227,24 @@ std::shared_ptr<HostBlock> take_warm_block(Reader& reader, size_t size) {
   if (block) impl.premapped = std::min<uint64_t>(impl.warm->mapped_bytes(), size);
   return block;
 }
+
+std::shared_ptr<HostBlock> file_mapping_for(Reader& reader, size_t file_size,
+                                            const std::vector<size_t>& entries) {
+  Reader::Impl& impl = *reader.impl_;
+  std::shared_ptr<HostBlock> block = impl.file_mapping.lock();
+  // A tensor already handed out from this mapping gets a mapping of its own: two loads of one
+  // tensor never share memory (a write to one would show in the other).
+  bool again = false;
+  for (size_t e : entries)
+    again = again || (e < impl.mapped_entries.size() && impl.mapped_entries[e]);
+  if (!block || block->size() != file_size || again) {
+    block = HostBlock::file_private(impl.source->local_fd(), file_size, "'" + reader.uri() + "'");
+    impl.file_mapping = block;
+    impl.mapped_entries.assign(impl.entries.size(), false);
+  }
+  for (size_t e : entries) impl.mapped_entries[e] = true;
+  return block;
+}
 }  // namespace engine
 const LoadedTensorInfo* Reader::loaded_info(size_t entry) const {
   return entry < impl_->loaded.size() ? impl_->loaded[entry].get() : nullptr;

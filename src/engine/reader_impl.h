@@ -32,6 +32,10 @@ struct Reader::Impl {
   std::atomic<uint64_t> bytes_read_elsewhere{0};  // by mapped and direct loads
   double first_read_s = 0;  // what one request costs: its wait for a first byte, else the open's
   uint64_t premapped = 0;   // host_bytes_premapped()
+  // The local file's mapping that mapped loads share while any of their tensors lives, and which
+  // entries it has handed out (engine::file_mapping_for).
+  std::weak_ptr<engine::HostBlock> file_mapping;
+  std::vector<bool> mapped_entries;
   std::unique_ptr<engine::WarmBlock> warm;  // expect_host_load; last, so it goes before the source
 };
 

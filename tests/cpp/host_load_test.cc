@@ -1,7 +1,7 @@
 // Host loads (tensorizer/host_load.h): each route gives the stored bytes exactly, the automatic
 // choice follows the page cache (mapped when cached, direct I/O when not), unaligned files and
-// encrypted files take their fallbacks, verify_hash catches a flipped byte on every route, and
-// results outlive the reader and the file.
+// encrypted files take their fallbacks, verify_hash catches a flipped byte on every route,
+// results outlive the reader and the file, and tensor-by-tensor loads share one file mapping.
 #include "tensorizer/host_load.h"
 
 #include <fcntl.h>
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <sstream>
 
 #include "engine/direct_io.h"
 #include "tensorizer/transport.h"
@@ -211,6 +212,47 @@ TEST_P(HostLoadTest, ResultsOutliveTheReaderAndTheFile) {
     auto fresh = load_to_host(*again, all_entries(*again), {}, route);
     expect_samples(fresh, ts_);
   }
+}
+
+// Lines of /proc/self/maps: the process's mappings (a thread left unjoined keeps its stack's).
+size_t mapping_count() {
+  std::istringstream lines(test::read_file("/proc/self/maps"));
+  size_t n = 0;
+  for (std::string line; std::getline(lines, line);) ++n;
+  return n;
+}
+
+TEST(HostLoadRoutes, TensorByTensorLoadsShareOneMappingAndHoldNoThreads) {
+  // Lazy loads map one tensor per call; a process may hold about 65,000 mappings, and a model
+  // may have more tensors than that. Each call used to map the whole file again and keep a
+  // finished thread (and its stack's mapping) until the tensor went.
+  test::TempDir dir;
+  const std::string path = dir.path("many.tensors");
+  std::vector<Sample> ts;
+  for (int i = 0; i < 3000; ++i)
+    ts.push_back({"t" + std::to_string(i), std::string(64 + i % 7 * 4, static_cast<char>(i))});
+  write_samples(path, ts, true);
+  warm_page_cache(path);
+  auto r = Reader::open(path);
+  const size_t before = mapping_count();
+  std::vector<HostTensor> got;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    auto one = load_to_host(*r, {i}, {}, HostRoute::kMap);
+    ASSERT_EQ(one[0].via, LoadedVia::kMapped);
+    got.push_back(std::move(one[0]));
+  }
+  EXPECT_LT(mapping_count(), before + 16);
+  expect_samples(got, ts);
+  // A tensor loaded again is a copy of its own: a write to one never shows in the other.
+  auto again = load_to_host(*r, {5}, {}, HostRoute::kMap);
+  ASSERT_NE(again[0].data, got[5].data);
+  again[0].data[0] ^= 0xff;
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got[5].data), got[5].size), ts[5].bytes);
+  // Loads after every tensor went map afresh, and the same again.
+  got.clear();
+  again.clear();
+  auto last = load_to_host(*r, {5, 6}, {}, HostRoute::kMap);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(last[0].data), last[0].size), ts[5].bytes);
 }
 
 TEST_P(HostLoadTest, VerifyHashCatchesAFlippedByteOnEveryRoute) {

@@ -83,3 +83,21 @@ def test_mmap_reference_files(path, info):
             assert len(got) > 0 and got == bytes(len(got))  # meta tensors load as zeros
         else:
             assert hashlib.sha256(got).hexdigest() == t["sha256"]
+
+
+def _mappings():
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+def test_lazy_loads_tensor_by_tensor_share_one_mapping(tmp_path):
+    """A lazy load maps one tensor per access; a process may hold about 65,000 mappings and a model
+    may have more tensors. Every access used to map the file again and keep a thread's stack: with
+    70,000 tensors kept, loading failed with "Resource temporarily unavailable"."""
+    sd = {f"layer.{i}.w": torch.full((16,), float(i)) for i in range(5000)}
+    path = save_state_dict(tmp_path / "many.tensors", sd)
+    with TensorDeserializer(str(path), device="cpu", lazy_load=True) as d:
+        before = _mappings()
+        kept = [d[name] for name in sd]
+        assert _mappings() < before + 16
+        assert all(t[3].item() == float(i) for i, t in enumerate(kept))
