@@ -30,6 +30,11 @@ namespace {
 
 using tensorizer::Reader;
 
+// A host load of fewer bytes than this from a local unencrypted file runs on the calling thread
+// (interruptible's `quick`): a lazy load's tensor, read or mapped in microseconds. (An encrypted
+// one may first derive its key from a passphrase: Argon2id, seconds, which Ctrl-C must end.)
+constexpr uint64_t kQuickLocalBytes = 1 << 20;
+
 // The DLPack dtype of a stored little-endian dtype string that torch takes from DLPack as is;
 // nullopt for the rest (big-endian, complex32, float8: loaded as bytes and viewed in Python).
 std::optional<nb::dlpack::dtype> dlpack_dtype(const std::string& stored) {
@@ -166,6 +171,9 @@ class PyReader {
     opt.num_workers = num_workers;
     opt.verify_hash = verify_hash;
     LoadedInfos infos;
+    uint64_t bytes = 0;
+    for (size_t i : indices) bytes += i < r.entries().size() ? r.entries()[i].data_length : 0;
+    const bool quick = r.source().local_fd() >= 0 && !r.encrypted() && bytes < kQuickLocalBytes;
     std::vector<tensorizer::HostTensor> loaded = interruptible(
         [&] {
           std::lock_guard<std::mutex> lock(mu_);
@@ -173,7 +181,7 @@ class PyReader {
           infos = LoadedInfos::take(r, indices);
           return out;
         },
-        deadline_);
+        deadline_, quick);
     nb::list out;
     std::vector<size_t> shape;
     for (auto& t : loaded) {
