@@ -178,6 +178,9 @@ struct HttpOptions {
   // sent for nothing when no load follows. false (and whenever read_bytes is set): the probe asks
   // for 512 KiB only.
   bool continue_probe = true;
+  // Redirects one request follows (to http and https only; plain HTTP(S) URIs, never signed S3
+  // requests); 0 refuses them (a 3xx answer is then an error naming its status).
+  long max_redirects = 50;
 };
 
 // S3 credentials and addressing (docs/reference-api.md §5.4); unset ones are resolved from the

@@ -11,6 +11,9 @@ void add_transport_options(CLI::App* cmd, TransportOptions& t) {
   cmd->add_option("--ca-path", t.http.ca_path,
                   "directory of CA certificates to trust (c_rehash'ed)");
   cmd->add_flag("--insecure", t.http.allow_untrusted, "do not verify TLS certificates");
+  cmd->add_option("--max-redirects", t.http.max_redirects,
+                  "redirects an http(s):// request follows (default 50; 0 refuses them)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--header", t.http.headers,
                   "extra HTTP request header 'Name: value' (repeatable)");
   cmd->add_option_function<std::string>(

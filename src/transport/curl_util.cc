@@ -161,12 +161,12 @@ void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
     setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
     setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
   }
-  if (!target.s3) {
+  if (!target.s3 && http.max_redirects > 0) {
     // Model hubs and CDNs answer with a redirect to where the bytes are (a signed URL); follow it
     // on every request, so that a short-lived target is asked afresh. S3 requests are signed for
     // their own host, and S3's redirects name a region instead: those stay errors.
     setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
-    setopt(h, CURLOPT_MAXREDIRS, kMaxRedirects);
+    setopt(h, CURLOPT_MAXREDIRS, http.max_redirects);
     setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   }
   headers.add("Accept-Encoding: identity");

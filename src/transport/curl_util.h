@@ -99,15 +99,11 @@ std::string default_ca_file();
 // treated like a silent one).
 inline constexpr long kStallFloorBytesPerSecond = 4096;
 
-// Redirects one request follows (http and https only; plain HTTP targets, not S3), as many as the
-// curl tool's --location allows.
-inline constexpr long kMaxRedirects = 50;
-
 // Resets `h` and applies what every request gets: TLS trust and extra headers from `http`,
 // connect timeout and stall detection (LOW_SPEED over stall_timeout_s) from `retry`, keep-alive,
-// user agent, identity encoding, large receive buffer, redirects (kMaxRedirects), and the target's
-// signing. `headers` receives the target's headers plus `extra`, and is installed on the handle (it
-// must outlive the request).
+// user agent, identity encoding, large receive buffer, redirects (HttpOptions::max_redirects), and
+// the target's signing. `headers` receives the target's headers plus `extra`, and is installed on
+// the handle (it must outlive the request).
 void prepare_request(CURL* h, const HttpTarget& target, const HttpOptions& http,
                      const RetryOptions& retry, CurlHeaders& headers,
                      const std::vector<std::string>& extra = {});

@@ -86,6 +86,15 @@ TEST(TransportHttpTest, RedirectsAreFollowedOverHttpAndHttps) {
     test::expect_fixture_loads(redirect + "/https/fixtures/module.tensors", "module.tensors", t,
                                workers);
   }
+  // Refused when asked: the error names the status.
+  TransportOptions none;
+  none.http.max_redirects = 0;
+  try {
+    Reader::open(redirect + "/fixtures/dtypes.tensors", ReaderOptions{none, {}, false});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HTTP 302"), std::string::npos) << e.what();
+  }
   // Messages name the URI the caller gave.
   const std::string missing = redirect + "/fixtures/no-such-file.tensors";
   try {
