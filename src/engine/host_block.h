@@ -37,9 +37,6 @@ class HostBlock {
   void map_in_background(const std::vector<std::pair<uint8_t*, size_t>>& ranges);
   // Waits for map_in_background to finish (tests).
   void wait_mapped();
-  // Threads kept (tests).
-  size_t mapping_threads() const { return prefaults_.size(); }
-
   static constexpr size_t kInlineMapBytes = size_t{4} << 20;
 
  private:
